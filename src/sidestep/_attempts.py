@@ -1,0 +1,572 @@
+"""The failover loop, sans I/O, shared by every transport.
+
+`Core.handle` is a generator: it decides, and yields an *effect* whenever I/O
+is needed — send this request, read the head of that body, close a response,
+sleep, call a store that talks to a server — then takes the result (or the
+exception) back. The sync and async shells in `_transport.py` only perform
+effects, so both flavours and both colours of transport share every decision.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _classify as c11n
+from ._circuit import State
+from ._classify import BODY_PREFIX_LIMIT, Exchange, Kind, Verdict
+from ._config import Config, FailoverPolicy, as_config
+from ._errors import AllCandidatesSuspended, CandidateStatus
+from ._flavour import Flavour
+from ._routes import (
+    Candidates,
+    CompiledTarget,
+    Router,
+    display_origin,
+    merge_json,
+    rewrite_headers,
+)
+from ._scopes import ScopeFacts, origin_key
+from ._store import Admission, MemoryStore, StateStore, Ticket, Transition
+from ._suspended import unavailable_body, unavailable_headers
+from .logging import emit
+
+__all__ = ["Call", "Close", "Core", "Read", "Send", "Sleep"]
+
+Clock = Callable[[], float]
+_SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
+_BACKOFF_BASE = 0.1  # seconds before the second attempt on one target, doubled after
+_TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+_TRANSITION_EVENTS = {
+    State.OPEN: "circuit.opened",
+    State.HALF_OPEN: "circuit.half_open",
+    State.CLOSED: "circuit.closed",
+}
+
+
+# -- effects: what the shells perform ------------------------------------------
+
+
+@dataclass(slots=True)
+class Send:
+    """Send `request` through the inner transport; the result is its response."""
+
+    request: Any
+    deadline: float | None  # on the core's clock; shells that can, enforce it exactly
+
+
+@dataclass(slots=True)
+class Read:
+    """Read the head of `response` (sent for `request`): chunks until `limit` bytes, or its end.
+
+    The result is ``(head, ended)``. The shell puts the chunks back in front of
+    the rest, so the caller still gets the whole body; after the head, body
+    errors are passed to `on_error` (a generator of effects) before they rise.
+    """
+
+    response: Any
+    request: Any
+    limit: int
+    deadline: float | None
+    on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
+
+
+@dataclass(slots=True)
+class Close:
+    response: Any
+
+
+@dataclass(slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(slots=True)
+class Call:
+    """Call a store operation that may wait on I/O (its ``*_async`` twin in async shells)."""
+
+    name: str
+    args: tuple[Any, ...]
+
+
+# -- per-request state -----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    request: Any
+    cands: Candidates
+    policy: FailoverPolicy
+    body: bytes | None  # None: a one-shot stream, sent to one target only
+    deadline: float | None
+    attempts: int = 0
+    tried: int = 0  # targets that were sent something
+    last: Any = None  # the last failing response or exception
+    last_target: CompiledTarget | None = None
+    skipped: list[CandidateStatus] = field(default_factory=list)
+
+    @property
+    def route_name(self) -> str | None:
+        return self.cands.route.name if self.cands.route else None
+
+
+@dataclass(slots=True)
+class _Outcome:
+    verdict: Verdict
+    result: Any  # a response, or an exception
+    committed: bool = False
+
+
+class Core:
+    """Everything a transport decides, for one configuration, store and clock."""
+
+    def __init__(
+        self,
+        config: Config | Mapping[str, Any] | None,
+        *,
+        store: StateStore | None,
+        clock: Clock | None,
+        flavour: Flavour,
+        exact_deadlines: bool,
+    ) -> None:
+        self.config = as_config(config)
+        self.router = Router(self.config)
+        self.store: StateStore = store if store is not None else MemoryStore()
+        self.clock: Clock = clock or time.monotonic
+        self.flavour = flavour
+        self.breaker = self.config.breaker
+        self.suspensions = self.config.suspensions
+        self.classifier: c11n.Classifier = self.config.classifier or c11n.classify
+        self._custom_classifier = self.config.classifier is not None
+        # Shells that cannot bound a blocking read from outside (sync) shrink the
+        # read timeout to the first-byte limit instead; httpcore fixes a body's
+        # read timeout when the body starts, so there it bounds each later read too.
+        self._exact = exact_deadlines
+        self._own: dict[tuple[str, str, int | None], Candidates] = {}
+
+    def __repr__(self) -> str:
+        return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"
+
+    # -- the loop ------------------------------------------------------------------
+
+    def handle(self, request: Any) -> Generator[Any, Any, Any]:
+        """Drive one request to its response (or error), yielding effects for the shell."""
+        run = self._start(request)
+        for index, target in enumerate(run.cands.targets):
+            if run.attempts >= run.policy.max_total_attempts or self._expired(run):
+                break
+            if run.body is None and run.tried:
+                break  # a one-shot body was sent once already; it cannot be replayed
+            attempt = self._for_target(run, target, index)
+            facts = ScopeFacts(
+                target.origin,
+                headers=attempt.headers,
+                userinfo=attempt.userinfo,
+                body=attempt.body,
+                fingerprint=self.store.fingerprint,
+            )
+            admission: Admission = yield from self._store(
+                "admit", facts, self.breaker, self.clock()
+            )
+            self._announce(admission.transitions, target, run)
+            if admission.ticket is None:
+                self._skip(run, target, admission)
+                continue
+            if admission.refusal is not None:
+                self._observe_skip(run, target, admission)
+            if run.last is not None:
+                yield from self._discard(run.last)
+                emit(
+                    "failover",
+                    route=run.route_name,
+                    target=target.name,
+                    previous=run.last_target.name if run.last_target else None,
+                )
+            ticket = admission.ticket
+            try:
+                outcome = yield from self._try_target(run, target, attempt.request, ticket)
+            except BaseException:
+                yield from self._store("release", ticket)
+                raise
+            run.tried += 1
+            yield from self._record(ticket, outcome.verdict, target, run)
+            if outcome.committed:
+                return self._attribute(outcome.result, run, target, index)
+            if not outcome.verdict.failover:
+                return self._final(outcome.result, run, target, index)
+            run.last, run.last_target = outcome.result, target
+        if run.last is not None and run.last_target is not None:
+            index = run.cands.targets.index(run.last_target)
+            return self._final(run.last, run, run.last_target, index)
+        if run.tried == 0 and run.skipped:
+            return self._all_suspended(run)
+        raise self.flavour.timeout_error("sidestep: total_timeout ran out before any attempt")
+
+    def _try_target(
+        self, run: _Run, target: CompiledTarget, request: Any, ticket: Ticket
+    ) -> Generator[Any, Any, _Outcome]:
+        """Up to `max_attempts_per_target` attempts on one target; the last outcome."""
+        policy = run.policy
+        outcome: _Outcome | None = None
+        for n in range(policy.max_attempts_per_target):
+            if outcome is not None:
+                wait = self._retry_wait(outcome.verdict, policy, n, run)
+                if wait is None:
+                    break
+                yield from self._discard(outcome.result)
+                if wait > 0:
+                    yield Sleep(wait)
+            run.attempts += 1
+            outcome = yield from self._attempt(run, target, request, ticket)
+            if outcome.committed or not self._retryable(outcome.verdict):
+                return outcome
+            if run.attempts >= policy.max_total_attempts or self._expired(run):
+                break
+        assert outcome is not None  # max_attempts_per_target >= 1 is validated
+        return outcome
+
+    def _attempt(
+        self, run: _Run, target: CompiledTarget, request: Any, ticket: Ticket
+    ) -> Generator[Any, Any, _Outcome]:
+        """One upstream call: send, then read as far as the verdict needs."""
+        deadline = run.deadline
+        first_byte = run.policy.first_byte_timeout
+        now = self.clock()
+        if deadline is not None or first_byte is not None:
+            request.extensions = dict(request.extensions)
+            request.extensions["timeout"] = self._timeouts(request, run, first_byte, now)
+        fb_deadline = _earliest(deadline, now + first_byte if first_byte is not None else None)
+        try:
+            response = yield Send(request, fb_deadline)
+        except Exception as exc:
+            return _Outcome(self._classify_error(request, exc, run), exc)
+        status = response.status_code
+        if status < 400 and not self._custom_classifier:
+            verdict = _SUCCESS
+        else:
+            body = b""
+            if c11n.needs_body(status):
+                try:
+                    head, _ = yield Read(response, request, BODY_PREFIX_LIMIT, deadline)
+                    body = b"".join(head)[:BODY_PREFIX_LIMIT]
+                except Exception as exc:
+                    yield from self._discard(response)
+                    return _Outcome(self._classify_error(request, exc, run), exc)
+            verdict = self.classifier(
+                Exchange(
+                    method=request.method,
+                    request_headers=request.headers,
+                    status=status,
+                    response_headers=response.headers,
+                    body=body,
+                    retry_ambiguous=run.policy.retry_ambiguous,
+                    on_context_overflow=run.policy.on_context_overflow,
+                    wall_now=time.time(),
+                )
+            )
+        if verdict.kind is not Kind.SUCCESS:
+            return _Outcome(verdict, response)
+        return (yield from self._commit(run, target, request, ticket, response, fb_deadline))
+
+    def _commit(
+        self,
+        run: _Run,
+        target: CompiledTarget,
+        request: Any,
+        ticket: Ticket,
+        response: Any,
+        fb_deadline: float | None,
+    ) -> Generator[Any, Any, _Outcome]:
+        """Wait for the commit point: the first body byte (or the whole body)."""
+        route = run.cands.route
+        if isinstance(response.stream, self.flavour.ByteStream):
+            return _Outcome(_SUCCESS, response, committed=True)  # the body is here already
+        complete = route is not None and route.commit_complete
+        limit = route.max_buffered_bytes if complete and route is not None else 1
+        deadline = run.deadline if complete else fb_deadline
+
+        def on_error(exc: BaseException) -> Generator[Any, Any, None]:
+            return self._body_failed(ticket, target, run, request, exc)
+
+        try:
+            yield Read(response, request, limit, deadline, on_error)
+        except Exception as exc:
+            yield from self._discard(response)
+            return _Outcome(self._classify_error(request, exc, run), exc)
+        return _Outcome(_SUCCESS, response, committed=True)
+
+    # -- verdicts -------------------------------------------------------------------
+
+    def _classify_error(self, request: Any, exc: BaseException, run: _Run) -> Verdict:
+        kind = self.flavour.error_kind(exc)
+        return self.classifier(
+            Exchange(
+                method=request.method,
+                request_headers=request.headers,
+                error=kind,
+                retry_ambiguous=run.policy.retry_ambiguous,
+                on_context_overflow=run.policy.on_context_overflow,
+            )
+        )
+
+    @staticmethod
+    def _retryable(verdict: Verdict) -> bool:
+        """Worth another attempt on the same target: an outage or a rate limit, nothing else."""
+        if not verdict.failover:
+            return False
+        return verdict.kind is Kind.FAILURE or verdict.reason == c11n.RATE_LIMITED
+
+    def _retry_wait(
+        self, verdict: Verdict, policy: FailoverPolicy, n: int, run: _Run
+    ) -> float | None:
+        """How long to wait before attempt `n` on the same target; None to move on."""
+        if verdict.retry_after is not None:
+            if verdict.retry_after > policy.max_retry_wait:
+                return None
+            wait = verdict.retry_after
+        else:
+            wait = random.uniform(0, min(policy.max_retry_wait, _BACKOFF_BASE * 2 ** (n - 1)))  # noqa: S311
+        if run.deadline is not None and self.clock() + wait >= run.deadline:
+            return None
+        return wait
+
+    def _record(
+        self, ticket: Ticket, verdict: Verdict, target: CompiledTarget, run: _Run
+    ) -> Generator[Any, Any, None]:
+        transitions = yield from self._store(
+            "record", ticket, verdict, self.breaker, self.suspensions, self.clock()
+        )
+        if verdict.kind in (Kind.FAILURE, Kind.SUSPEND) or (
+            verdict.kind is Kind.NEUTRAL and verdict.failover
+        ):
+            emit(
+                "upstream.failed",
+                route=run.route_name,
+                target=target.name,
+                scope=verdict.scope.value if verdict.scope else None,
+                reason=verdict.reason,
+                status=verdict.status,
+            )
+        self._announce(transitions, target, run)
+
+    def _body_failed(
+        self, ticket: Ticket, target: CompiledTarget, run: _Run, request: Any, exc: BaseException
+    ) -> Generator[Any, Any, None]:
+        """A committed body broke off: an availability failure of that scope, raised as it is."""
+        verdict = self._classify_error(request, exc, run)
+        if verdict.kind is Kind.FAILURE:
+            ticket.done = False  # its success was recorded at the commit point
+            yield from self._record(ticket, verdict, target, run)
+
+    # -- endings --------------------------------------------------------------------
+
+    def _attribute(self, response: Any, run: _Run, target: CompiledTarget, index: int) -> Any:
+        response.extensions["sidestep"] = {
+            "route": run.route_name,
+            "target": target.name,
+            "attempts": run.attempts,
+            "failover": index > 0,
+        }
+        return response
+
+    def _final(self, result: Any, run: _Run, target: CompiledTarget, index: int) -> Any:
+        if isinstance(result, BaseException):
+            raise result
+        return self._attribute(result, run, target, index)
+
+    def _all_suspended(self, run: _Run) -> Any:
+        error = AllCandidatesSuspended(tuple(run.skipped), route=run.route_name)
+        emit(
+            "all_candidates_suspended",
+            route=run.route_name,
+            targets=[s.target for s in run.skipped],
+            retry_in_s=error.retry_after,
+        )
+        if run.policy.on_all_suspended == "raise":
+            raise error
+        headers = unavailable_headers(error)
+        if error.retry_after is not None:
+            headers.append(("retry-after-ms", str(math.ceil(error.retry_after * 1000))))
+        headers += [("x-sidestep", "all_candidates_suspended"), ("x-should-retry", "false")]
+        return self.flavour.Response(
+            503,
+            headers=headers,
+            content=unavailable_body(error),
+            request=run.request,
+            extensions={
+                "sidestep": {
+                    "route": run.route_name,
+                    "target": None,
+                    "attempts": 0,
+                    "failover": False,
+                }
+            },
+        )
+
+    # -- candidates and rewriting --------------------------------------------------------
+
+    def _start(self, request: Any) -> _Run:
+        url = request.url
+        origin = origin_key(url.scheme, url.host, url.port)
+        cands = self.router.match(origin, url.path) if self.router.routes else None
+        if cands is None:
+            cands = self._own_origin(url.scheme, url.host, url.port, origin)
+        policy = cands.route.policy if cands.route else self.config.failover
+        deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
+        return _Run(request, cands, policy, self._replayable_body(request), deadline)
+
+    def _own_origin(self, scheme: str, host: str, port: int | None, origin: str) -> Candidates:
+        """An unrouted request: one candidate, its own origin (cached; bounded)."""
+        key = (scheme, host, port)
+        cands = self._own.get(key)
+        if cands is None:
+            shown = display_origin(scheme, host, port)
+            target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
+            cands = Candidates(None, (target,), "", origin, direct=True)
+            if len(self._own) < 1024:
+                self._own[key] = cands
+        return cands
+
+    def _replayable_body(self, request: Any) -> bytes | None:
+        content = getattr(request, "_content", None)
+        if content is not None:
+            return bytes(content)
+        if isinstance(request.stream, self.flavour.multipart):
+            return request.read()  # type: ignore[no-any-return]  # in-memory parts
+        return None
+
+    def _for_target(self, run: _Run, target: CompiledTarget, index: int) -> _Attempt:
+        request = run.request
+        if index == 0 and run.cands.direct:
+            return _Attempt(request, request.headers, _userinfo(request.url), run.body)
+        same_origin = target.origin == run.cands.origin
+        headers = rewrite_headers(
+            list(request.headers.multi_items()), target, same_origin=same_origin
+        )
+        body = run.body
+        if body is not None and target.json_fields:
+            body = merge_json(body, target.json_fields)
+        url = request.url.copy_with(
+            scheme=target.scheme,
+            host=target.host,
+            port=target.port,
+            raw_path=(target.path + run.cands.rest).encode() + _query(request.url),
+        )
+        keep_userinfo = same_origin or target.inherit_credentials
+        if not keep_userinfo and request.url.userinfo:
+            url = url.copy_with(username=None, password=None)
+        extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
+        rebuilt = type(request)(
+            request.method,
+            url,
+            headers=headers,
+            content=body if body is not None else request.stream,
+            extensions=extensions,
+        )
+        return _Attempt(rebuilt, rebuilt.headers, _userinfo(url), body)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _store(self, name: str, *args: Any) -> Generator[Any, Any, Any]:
+        """Call a store operation, directly or as an effect when it may wait on I/O."""
+        if self.store.blocking:
+            return (yield Call(name, args))
+        return getattr(self.store, name)(*args)
+
+    def _discard(self, result: Any) -> Generator[Any, Any, None]:
+        if not isinstance(result, BaseException):
+            yield Close(result)
+
+    def _expired(self, run: _Run) -> bool:
+        return run.deadline is not None and self.clock() >= run.deadline
+
+    def _timeouts(
+        self, request: Any, run: _Run, first_byte: float | None, now: float
+    ) -> dict[str, float | None]:
+        timeouts: dict[str, float | None] = dict(request.extensions.get("timeout") or {})
+        if run.deadline is not None:
+            left = max(0.0, run.deadline - now)
+            for key in _TIMEOUT_KEYS:
+                value = timeouts.get(key)
+                timeouts[key] = left if value is None else min(value, left)
+        if first_byte is not None and not self._exact:
+            value = timeouts.get("read")
+            timeouts["read"] = first_byte if value is None else min(value, first_byte)
+        return timeouts
+
+    def _skip(self, run: _Run, target: CompiledTarget, admission: Admission) -> None:
+        refusal = admission.refusal
+        assert refusal is not None
+        now = self.clock()
+        retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
+        run.skipped.append(
+            CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
+        )
+        emit(
+            "candidate.skipped",
+            route=run.route_name,
+            target=target.name,
+            scope=refusal.scope.kind.value,
+            state=refusal.state.value,
+            reason=refusal.reason,
+            retry_in_s=retry_in,
+        )
+
+    def _observe_skip(self, run: _Run, target: CompiledTarget, admission: Admission) -> None:
+        refusal = admission.refusal
+        assert refusal is not None
+        emit(
+            "candidate.skipped",
+            route=run.route_name,
+            target=target.name,
+            scope=refusal.scope.kind.value,
+            state=refusal.state.value,
+            reason=refusal.reason,
+            enforced=False,
+        )
+
+    def _announce(
+        self, transitions: tuple[Transition, ...], target: CompiledTarget, run: _Run
+    ) -> None:
+        for t in transitions:
+            emit(
+                _TRANSITION_EVENTS[t.state],
+                route=run.route_name,
+                target=target.name,
+                scope=t.scope.kind.value,
+                state=t.state.value,
+                previous=t.previous.value,
+                reason=t.reason,
+                failures=t.failures,
+                retry_in_s=t.retry_in,
+            )
+
+
+@dataclass(slots=True)
+class _Attempt:
+    request: Any
+    headers: Any  # a case-insensitive mapping
+    userinfo: str
+    body: bytes | None
+
+
+def _userinfo(url: Any) -> str:
+    raw = url.userinfo
+    return raw.decode("latin-1") if raw else ""
+
+
+def _query(url: Any) -> bytes:
+    query: bytes = url.query
+    return b"?" + query if query else b""
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)

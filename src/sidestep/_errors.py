@@ -1,0 +1,92 @@
+"""The errors sidestep raises on purpose, all under one root.
+
+```
+SidestepError
+ ├─ ConfigError                (also ValueError)
+ └─ AllCandidatesSuspended     (also httpx.TransportError and httpx2.TransportError)
+```
+
+Messages and reprs name targets and origins only: never a path, a query,
+userinfo or a credential (DESIGN §7).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import httpx
+import httpx2
+
+__all__ = ["AllCandidatesSuspended", "CandidateStatus", "ConfigError", "SidestepError"]
+
+
+class SidestepError(Exception):
+    """The root of every error sidestep raises on purpose."""
+
+
+class ConfigError(SidestepError, ValueError):
+    """A configuration that cannot be loaded: names the file, the key path and the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateStatus:
+    """Why one candidate target was not tried: its name, never its URL."""
+
+    target: str
+    state: str
+    reason: str | None
+    retry_after: float | None
+
+
+class AllCandidatesSuspended(SidestepError, httpx.TransportError, httpx2.TransportError):  # type: ignore[misc]  # both bases define .request alike
+    """Every candidate target of a request is suspended; nothing was sent upstream.
+
+    A transport error of both httpx flavours, so SDKs built on either turn it
+    into their connection error with this one as ``__cause__``.
+
+    Attributes:
+        retry_after: seconds until the earliest candidate may be tried again,
+            or ``None`` when every suspension lasts until it is cleared.
+        candidates: the status of each candidate, in the order they were considered.
+    """
+
+    retry_after: float | None
+    candidates: tuple[CandidateStatus, ...]
+
+    def __init__(
+        self,
+        candidates: tuple[CandidateStatus, ...],
+        *,
+        route: str | None = None,
+    ) -> None:
+        self.candidates = candidates
+        self.route = route
+        waits = [c.retry_after for c in candidates if c.retry_after is not None]
+        self.retry_after = max(0.0, min(waits)) if waits else None
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        names = ", ".join(f"{c.target} ({c.reason or c.state})" for c in self.candidates)
+        where = f"route {self.route!r}" if self.route else "this request"
+        wait = (
+            f"; earliest retry in {math.ceil(self.retry_after)}s"
+            if self.retry_after is not None
+            else "; no candidate has a known re-admission time"
+        )
+        return f"every candidate of {where} is suspended: {names}{wait}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_suspended, (self.candidates, self.route))
+
+    def __repr__(self) -> str:
+        return (
+            f"AllCandidatesSuspended(route={self.route!r}, retry_after={self.retry_after!r}, "
+            f"candidates={self.candidates!r})"
+        )
+
+
+def _rebuild_suspended(
+    candidates: tuple[CandidateStatus, ...], route: str | None
+) -> AllCandidatesSuspended:
+    return AllCandidatesSuspended(candidates, route=route)

@@ -1,0 +1,182 @@
+"""Match a request to a route, and rewrite a request for a target.
+
+Routes are compiled once into a table keyed by origin, so matching a request
+costs one dictionary look-up and a few prefix checks. Prefixes match on path
+segment boundaries: ``/v1`` matches ``/v1`` and ``/v1/chat``, never ``/v10``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from ._scopes import CREDENTIAL_HEADERS, origin_key
+
+if TYPE_CHECKING:
+    from ._config import Config, FailoverPolicy, Route
+
+__all__ = ["Candidates", "CompiledRoute", "CompiledTarget", "Router", "display_origin"]
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def display_origin(scheme: str, host: str, port: int | None) -> str:
+    """The origin as people read it: no default port, nothing after the host."""
+    default = _DEFAULT_PORTS.get(scheme)
+    return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledTarget:
+    """A target ready for rewriting; `headers` are secrets and never shown."""
+
+    name: str
+    scheme: str
+    host: str
+    port: int | None
+    path: str  # the path prefix, without a trailing slash
+    origin: str  # origin_key(): the scope key's origin
+    shown: str  # display_origin(): what logs may show
+    headers: tuple[tuple[str, str], ...] = ()
+    json_fields: Mapping[str, Any] | None = None
+    inherit_credentials: bool = False
+
+    def __repr__(self) -> str:
+        return f"CompiledTarget(name={self.name!r}, origin={self.shown!r})"
+
+    @property
+    def host_header(self) -> str:
+        default = _DEFAULT_PORTS.get(self.scheme)
+        return self.host if self.port in (None, default) else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledRoute:
+    name: str
+    targets: tuple[CompiledTarget, ...]
+    policy: FailoverPolicy
+    commit_complete: bool
+    max_buffered_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """A request's route (None if unrouted), its candidates in order, the path after the prefix."""
+
+    route: CompiledRoute | None
+    targets: tuple[CompiledTarget, ...]
+    rest: str  # the request path after the matched prefix
+    origin: str  # the request's own origin (scope-key form)
+    direct: bool  # the first candidate is the request's own URL: no rewrite needed
+
+
+def _split(url: str) -> tuple[str, str, int | None, str]:
+    parts = urlsplit(url)
+    return parts.scheme, (parts.hostname or ""), parts.port, parts.path.rstrip("/")
+
+
+def compile_target(target: Any) -> CompiledTarget:
+    scheme, host, port, path = _split(target.url)
+    return CompiledTarget(
+        name=target.name,
+        scheme=scheme,
+        host=host,
+        port=port,
+        path=path,
+        origin=origin_key(scheme, host, port),
+        shown=display_origin(scheme, host, port),
+        headers=tuple((k.lower(), v) for k, v in target.headers.items()),
+        json_fields=dict(target.json_fields) or None,
+        inherit_credentials=target.inherit_credentials,
+    )
+
+
+class Router:
+    """The compiled routes of one configuration."""
+
+    __slots__ = ("_table", "routes")
+
+    def __init__(self, config: Config) -> None:
+        self.routes: dict[str, CompiledRoute] = {}
+        # origin -> [(path prefix, route, index of the matched target or None)], longest first
+        table: dict[str, list[tuple[str, CompiledRoute, int | None]]] = {}
+        for route in config.routes:
+            compiled = _compile_route(route, config.failover)
+            self.routes[route.name] = compiled
+            for index, target in enumerate(compiled.targets):
+                table.setdefault(target.origin, []).append((target.path, compiled, index))
+            for alias in route.match:
+                scheme, host, port, path = _split(alias)
+                table.setdefault(origin_key(scheme, host, port), []).append((path, compiled, None))
+        for prefixes in table.values():
+            prefixes.sort(key=lambda p: len(p[0]), reverse=True)
+        self._table = table
+
+    def target_names(self) -> dict[str, str]:
+        """Origin -> the name of the first target there, for operator listings."""
+        names: dict[str, str] = {}
+        for route in self.routes.values():
+            for target in route.targets:
+                names.setdefault(target.origin, target.name)
+        return names
+
+    def match(self, origin: str, path: str) -> Candidates | None:
+        """The route whose longest prefix matches this origin and path, if any."""
+        prefixes = self._table.get(origin)
+        if not prefixes:
+            return None
+        for prefix, route, index in prefixes:
+            if path == prefix or path.startswith(prefix + "/") or (not prefix):
+                rest = path[len(prefix) :]
+                if index is None:
+                    return Candidates(route, route.targets, rest, origin, direct=False)
+                first = route.targets[index]
+                others = route.targets[:index] + route.targets[index + 1 :]
+                return Candidates(route, (first, *others), rest, origin, direct=True)
+        return None
+
+
+def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
+    return CompiledRoute(
+        name=route.name,
+        targets=tuple(compile_target(t) for t in route.targets),
+        policy=route.policy(base),
+        commit_complete=route.commit == "complete",
+        max_buffered_bytes=route.max_buffered_bytes,
+    )
+
+
+def rewrite_headers(
+    headers: list[tuple[str, str]], target: CompiledTarget, *, same_origin: bool
+) -> list[tuple[str, str]]:
+    """The request's headers for `target`: Host anew, credentials kept only where allowed."""
+    keep_credentials = same_origin or target.inherit_credentials
+    own = {name for name, _ in target.headers}
+    out = [
+        (name, value)
+        for name, value in headers
+        if name != "host"
+        and name not in own
+        and name != "content-length"
+        and (keep_credentials or name not in CREDENTIAL_HEADERS)
+    ]
+    out.append(("host", target.host_header))
+    out.extend(target.headers)
+    return out
+
+
+def merge_json(body: bytes, fields: Mapping[str, Any] | None) -> bytes:
+    """`fields` merged into a JSON object body; any other body is left as it is."""
+    if not fields or body.lstrip()[:1] != b"{":
+        return body
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(document, dict):
+        return body
+    document.update(fields)
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,183 @@
+"""Scope keys: what a circuit is kept for.
+
+A scope is built from the target's origin, optionally the request's model (the
+top-level ``"model"`` of a JSON object body) and optionally a fingerprint of
+the credential the request carries. Fingerprints are keyed hashes: no raw
+credential is ever part of a key. Model and credential are worked out lazily,
+because the healthy path never needs them.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "Fingerprinter",
+    "ScopeFacts",
+    "ScopeKey",
+    "ScopeKind",
+    "model_of",
+    "origin_key",
+]
+
+
+class ScopeKind(str, enum.Enum):
+    ORIGIN = "origin"
+    MODEL = "origin+model"
+    CREDENTIAL = "origin+credential"
+    CREDENTIAL_MODEL = "origin+credential+model"
+
+
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# A model name longer than this is no model name; it must not bloat keys.
+_MAX_MODEL_CHARS = 256
+# Bodies beyond this are not parsed for a model: the cost would land on an
+# already-failing path, but it must stay bounded.
+_MAX_MODEL_BODY = 4 * 1024 * 1024
+
+
+def origin_key(scheme: str, host: str, port: int | None) -> str:
+    """The origin as a key: scheme, lower-cased host and explicit port."""
+    scheme = scheme.lower()
+    return f"{scheme}://{host.lower()}:{port or _DEFAULT_PORTS.get(scheme, 0)}"
+
+
+def model_of(body: bytes) -> str | None:
+    """The top-level ``"model"`` string of a JSON object body, else None."""
+    if not body or len(body) > _MAX_MODEL_BODY or body.lstrip()[:1] != b"{":
+        return None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    model = document.get("model") if isinstance(document, dict) else None
+    if isinstance(model, str) and 0 < len(model) <= _MAX_MODEL_CHARS:
+        return model
+    return None
+
+
+class Fingerprinter:
+    """Keyed hashes of credentials.
+
+    The key is random per process unless given, so fingerprints agree across
+    processes only when they share the key (RedisStore's ``fingerprint_key``).
+    """
+
+    __slots__ = ("_key",)
+
+    def __init__(self, key: bytes | str | None = None) -> None:
+        if isinstance(key, str):
+            key = key.encode()
+        self._key = key if key else secrets.token_bytes(32)
+
+    def __repr__(self) -> str:
+        return "Fingerprinter(key=[redacted])"
+
+    def __call__(self, headers: Mapping[str, str], userinfo: str) -> str:
+        """The fingerprint of the credential headers and URL userinfo, or "" for none."""
+        mac = hmac.new(self._key, digestmod=hashlib.blake2b)
+        found = False
+        for name in CREDENTIAL_HEADERS:
+            value = headers.get(name)
+            if value:
+                found = True
+                mac.update(f"{name}\0{value}\0".encode())
+        if userinfo:
+            found = True
+            mac.update(f"userinfo\0{userinfo}\0".encode())
+        return mac.hexdigest()[:32] if found else ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeKey:
+    """One scope: its kind and the parts that identify it."""
+
+    kind: ScopeKind
+    origin: str
+    credential: str = ""
+    model: str = ""
+
+    @property
+    def key(self) -> str:
+        """The stable text key; holds no secret (the credential is a fingerprint)."""
+        return f"{self.kind.value}|{self.origin}|{self.credential}|{self.model}"
+
+    @property
+    def scope_id(self) -> str:
+        """An opaque, stable id for operators: a short hash of the key."""
+        return hashlib.blake2b(self.key.encode(), digest_size=8).hexdigest()
+
+
+class ScopeFacts:
+    """What the scopes of one request on one target are made of.
+
+    The origin is known up front; the model and the credential fingerprint
+    are computed on first use only, so admission on a healthy origin never
+    parses a body or hashes a credential.
+    """
+
+    __slots__ = (
+        "_body",
+        "_credential",
+        "_fingerprint",
+        "_headers",
+        "_model",
+        "_userinfo",
+        "origin",
+    )
+
+    def __init__(
+        self,
+        origin: str,
+        *,
+        headers: Mapping[str, str],
+        userinfo: str,
+        body: bytes | None,
+        fingerprint: Fingerprinter,
+    ) -> None:
+        self.origin = origin
+        self._headers = headers
+        self._userinfo = userinfo
+        self._body = body
+        self._fingerprint = fingerprint
+        self._model: str | None = None
+        self._credential: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ScopeFacts(origin={self.origin!r})"
+
+    @property
+    def model(self) -> str:
+        if self._model is None:
+            self._model = (model_of(self._body) if self._body else None) or ""
+        return self._model
+
+    @property
+    def credential(self) -> str:
+        if self._credential is None:
+            self._credential = self._fingerprint(self._headers, self._userinfo)
+        return self._credential
+
+    def key(self, kind: ScopeKind) -> ScopeKey:
+        """The scope of `kind` for this request; without a model, the model kinds fall back."""
+        model = self.model if kind in (ScopeKind.MODEL, ScopeKind.CREDENTIAL_MODEL) else ""
+        if kind is ScopeKind.MODEL and not model:
+            kind = ScopeKind.ORIGIN
+        elif kind is ScopeKind.CREDENTIAL_MODEL and not model:
+            kind = ScopeKind.CREDENTIAL
+        credential = (
+            self.credential if kind in (ScopeKind.CREDENTIAL, ScopeKind.CREDENTIAL_MODEL) else ""
+        )
+        return ScopeKey(kind, self.origin, credential, model)
+
+    def keys(self) -> tuple[ScopeKey, ...]:
+        """Every scope covering this request, without repeats."""
+        return tuple(dict.fromkeys(self.key(kind) for kind in ScopeKind))

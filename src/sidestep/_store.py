@@ -1,0 +1,416 @@
+"""Where circuit state lives: the `StateStore` protocol and `MemoryStore`.
+
+A store offers whole operations — admit a request's scopes, record a verdict
+for a ticket, release a ticket, snapshot, clear — never get/set, so that each
+can be one atomic step: one lock here, one script on a shared server.
+
+Only unhealthy scopes are kept. While an origin has none, admission is one
+dictionary look-up: the request's model and credential are never worked out.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from . import _circuit as circuit
+from ._circuit import Circuit, Entry, State
+from ._classify import Kind, Verdict
+from ._scopes import Fingerprinter, ScopeFacts, ScopeKey
+
+if TYPE_CHECKING:
+    from ._config import BreakerPolicy, Suspensions
+
+__all__ = [
+    "Admission",
+    "MemoryStore",
+    "Refusal",
+    "ScopeStatus",
+    "StateStore",
+    "Ticket",
+    "Transition",
+]
+
+DEFAULT_MAX_SCOPES = 10_000
+
+
+@dataclass(slots=True, eq=False)
+class Ticket:
+    """One admitted request on one target: what it saw, so its verdict can be checked for staleness.
+
+    `generations` holds, for each covering scope, the generation seen at
+    admission (0: not kept, i.e. healthy); None when the origin had nothing
+    unhealthy and no key was computed at all.
+    """
+
+    facts: ScopeFacts
+    seq: int
+    generations: dict[ScopeKey, int] | None = None
+    probes: tuple[ScopeKey, ...] = ()
+    shadow: bool = False  # observe mode: enforcing would have refused this request
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The scope that keeps a target out, and until when."""
+
+    scope: ScopeKey
+    state: State
+    reason: str | None
+    retry_at: float  # math.inf while open until cleared
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A scope changed state: the material of one event."""
+
+    scope: ScopeKey
+    state: State
+    previous: State
+    reason: str | None
+    failures: int
+    retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    ticket: Ticket | None  # None: refused
+    refusal: Refusal | None = None  # why refused (in observe mode: why it would have been)
+    transitions: tuple[Transition, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeStatus:
+    """A snapshot of one unhealthy scope (no credential, no URL path)."""
+
+    scope_id: str
+    scope: ScopeKey
+    state: State
+    reason: str | None
+    failures: int
+    retry_at: float
+    retry_in: float | None
+
+
+class StateStore(Protocol):
+    """Atomic circuit operations; `MemoryStore` here, `RedisStore` across processes.
+
+    `blocking` says whether the plain methods may wait on I/O: the async
+    transport then uses the `*_async` twins so the event loop never blocks.
+    """
+
+    fingerprint: Fingerprinter
+    blocking: bool
+
+    def admit(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission: ...
+
+    def record(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]: ...
+
+    def release(self, ticket: Ticket) -> None: ...
+
+    def snapshot(self, now: float) -> list[ScopeStatus]: ...
+
+    def clear(self, scope_id: str) -> bool: ...
+
+    async def admit_async(
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float
+    ) -> Admission: ...
+
+    async def record_async(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]: ...
+
+    async def release_async(self, ticket: Ticket) -> None: ...
+
+
+@dataclass(slots=True)
+class _Origin:
+    unhealthy: int = 0  # entries kept for this origin
+    forgot: int = 0  # the sequence number of the last time one of them was forgotten
+
+
+@dataclass(slots=True)
+class _Scopes:
+    entries: dict[ScopeKey, Circuit] = field(default_factory=dict)
+    origins: dict[str, _Origin] = field(default_factory=dict)
+
+
+class MemoryStore:
+    """Circuit state in this process: thread-safe, bounded, keeping only unhealthy scopes.
+
+    Args:
+        max_scopes: the most scopes kept; past it the oldest closed (else the
+            oldest) scope is forgotten.
+        fingerprint_key: the key for credential fingerprints (random if None).
+    """
+
+    blocking = False
+
+    def __init__(
+        self, *, max_scopes: int = DEFAULT_MAX_SCOPES, fingerprint_key: bytes | str | None = None
+    ) -> None:
+        if max_scopes < 1:
+            raise ValueError("max_scopes must be at least 1")
+        self.fingerprint = Fingerprinter(fingerprint_key)
+        self._max = max_scopes
+        self._lock = threading.Lock()
+        self._state = _Scopes()
+        self._seq = 0
+
+    def __repr__(self) -> str:
+        return f"MemoryStore(scopes={len(self._state.entries)}, max_scopes={self._max})"
+
+    def __len__(self) -> int:
+        return len(self._state.entries)
+
+    # -- admission ---------------------------------------------------------
+
+    def admit(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission:
+        origin = self._state.origins.get(facts.origin)
+        if origin is None or not origin.unhealthy:
+            # The healthy path: no key, no body parse, no hash, no lock.
+            return Admission(Ticket(facts, self._seq))
+        keys = facts.keys()
+        with self._lock:
+            return self._admit(facts, keys, policy, now)
+
+    def _admit(
+        self, facts: ScopeFacts, keys: tuple[ScopeKey, ...], policy: BreakerPolicy, now: float
+    ) -> Admission:
+        entries = self._state.entries
+        # Look first, change later: a refused request must not take probe slots.
+        refusal: Refusal | None = None
+        for key in keys:
+            c = entries.get(key)
+            if c is None:
+                continue
+            if c.state is State.OPEN and now < c.retry_at:
+                refusal = _refusal(key, c)
+                break
+            if c.state is State.HALF_OPEN and c.probes >= policy.half_open_probes:
+                refusal = Refusal(key, c.state, c.reason, now)
+                break
+        if refusal is not None and policy.enforce:
+            return Admission(None, refusal)
+        generations: dict[ScopeKey, int] = {}
+        probes: list[ScopeKey] = []
+        transitions: list[Transition] = []
+        for key in keys:
+            c = entries.get(key)
+            if c is None:
+                generations[key] = 0
+                continue
+            if refusal is None:
+                after, entry = circuit.admit(c, policy, now, self._seq + 1)
+                if after.generation != c.generation:
+                    self._seq += 1
+                    transitions.append(_transition(key, after, c.state, now))
+                if entry is Entry.PROBE:
+                    probes.append(key)
+                entries[key] = c = after
+            generations[key] = c.generation
+        ticket = Ticket(facts, self._seq, generations, tuple(probes), shadow=refusal is not None)
+        return Admission(ticket, refusal, tuple(transitions))
+
+    # -- verdicts ----------------------------------------------------------
+
+    def record(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]:
+        if ticket.done:
+            return ()
+        ticket.done = True
+        if ticket.shadow:
+            return ()  # observe mode: enforcing would never have sent it
+        if verdict.kind is Kind.SUCCESS:
+            origin = self._state.origins.get(ticket.facts.origin)
+            if not ticket.probes and (origin is None or not origin.unhealthy):
+                return ()  # the healthy path: nothing kept, nothing to reset
+            keys = ticket.facts.keys()
+        elif verdict.kind is Kind.NEUTRAL or verdict.scope is None:
+            keys = ()
+        else:
+            keys = (ticket.facts.key(verdict.scope),)
+        with self._lock:
+            transitions = [
+                t
+                for key in keys
+                if (t := self._apply(ticket, key, verdict, policy, suspensions, now)) is not None
+            ]
+            self._release(ticket, exclude=keys)
+        return tuple(transitions)
+
+    def _apply(
+        self,
+        ticket: Ticket,
+        key: ScopeKey,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> Transition | None:
+        before = self._state.entries.get(key)
+        if not self._current(ticket, key, before):
+            return None
+        if before is None:
+            if verdict.kind is Kind.SUCCESS:
+                return None  # healthy already
+            self._seq += 1
+            c = Circuit(generation=self._seq, born=self._seq)
+        else:
+            c = before
+        next_gen = self._seq + 1
+        if verdict.kind is Kind.SUCCESS:
+            after = circuit.on_success(c, policy, now)
+        elif verdict.kind is Kind.FAILURE:
+            after = circuit.on_failure(c, policy, now, next_gen)
+        else:
+            reason = verdict.reason or ""
+            window = suspensions.window(reason)
+            after = circuit.on_suspension(
+                c, reason, window, verdict.retry_after, policy, now, next_gen
+            )
+        if after is before:
+            return None
+        if after.generation == next_gen or (after.healthy and c.state is not State.CLOSED):
+            self._seq += 1
+        self._put(key, before, after)
+        previous = before.state if before is not None else State.CLOSED
+        return _transition(key, after, previous, now) if after.state is not previous else None
+
+    def _current(self, ticket: Ticket, key: ScopeKey, c: Circuit | None) -> bool:
+        """Is this ticket's verdict about the scope's present generation?"""
+        seen = ticket.generations.get(key, 0) if ticket.generations is not None else 0
+        if seen:
+            return c is not None and c.generation == seen
+        # Admitted while the scope was healthy: current as long as the scope has
+        # not been forgotten since, nor moved past the closed state it was born in.
+        origin = self._state.origins.get(key.origin)
+        if origin is not None and origin.forgot > ticket.seq:
+            return False
+        return c is None or c.generation == c.born
+
+    # -- releasing -----------------------------------------------------------
+
+    def release(self, ticket: Ticket) -> None:
+        if ticket.done:
+            return
+        ticket.done = True
+        if ticket.probes:
+            with self._lock:
+                self._release(ticket, exclude=())
+
+    def _release(self, ticket: Ticket, exclude: tuple[ScopeKey, ...]) -> None:
+        entries = self._state.entries
+        for key in ticket.probes:
+            c = entries.get(key)
+            if key in exclude or c is None or ticket.generations is None:
+                continue
+            if c.generation == ticket.generations.get(key):
+                entries[key] = circuit.release(c)
+
+    # -- bookkeeping ----------------------------------------------------------
+
+    def _put(self, key: ScopeKey, before: Circuit | None, after: Circuit) -> None:
+        entries, origins = self._state.entries, self._state.origins
+        if after.healthy:
+            if before is not None:
+                self._forget(key)
+            return
+        if before is None:
+            if len(entries) >= self._max:
+                self._evict()
+            origins.setdefault(key.origin, _Origin()).unhealthy += 1
+        entries[key] = after
+
+    def _forget(self, key: ScopeKey) -> None:
+        del self._state.entries[key]
+        origin = self._state.origins[key.origin]
+        origin.unhealthy -= 1
+        origin.forgot = self._seq
+        if len(self._state.origins) > self._max:
+            self._prune_origins()
+
+    def _evict(self) -> None:
+        entries = self._state.entries
+        victim = next((k for k, c in entries.items() if c.state is State.CLOSED), None)
+        self._seq += 1
+        self._forget(victim if victim is not None else next(iter(entries)))
+
+    def _prune_origins(self) -> None:
+        origins = self._state.origins
+        for name in [n for n, o in origins.items() if not o.unhealthy]:
+            del origins[name]
+
+    # -- operators -------------------------------------------------------------
+
+    def snapshot(self, now: float) -> list[ScopeStatus]:
+        with self._lock:
+            items = list(self._state.entries.items())
+        return [
+            ScopeStatus(
+                key.scope_id, key, c.state, c.reason, c.failures, c.retry_at, c.retry_in(now)
+            )
+            for key, c in items
+        ]
+
+    def clear(self, scope_id: str) -> bool:
+        with self._lock:
+            for key in self._state.entries:
+                if key.scope_id == scope_id:
+                    self._seq += 1
+                    self._forget(key)
+                    return True
+        return False
+
+    # -- async twins: nothing here waits, so they just call through -------------
+
+    async def admit_async(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission:
+        return self.admit(facts, policy, now)
+
+    async def record_async(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]:
+        return self.record(ticket, verdict, policy, suspensions, now)
+
+    async def release_async(self, ticket: Ticket) -> None:
+        self.release(ticket)
+
+
+def _refusal(key: ScopeKey, c: Circuit) -> Refusal:
+    return Refusal(key, c.state, c.reason, c.retry_at)
+
+
+def _transition(key: ScopeKey, after: Circuit, previous: State, now: float) -> Transition:
+    return Transition(
+        scope=key,
+        state=after.state,
+        previous=previous,
+        reason=after.reason,
+        failures=after.failures,
+        retry_in=after.retry_in(now) if after.state is State.OPEN else 0.0,
+    )

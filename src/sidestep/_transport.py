@@ -1,0 +1,366 @@
+"""The sync and async transports: thin I/O drivers over the core in `_attempts`.
+
+A shell runs `Core.handle` and performs each effect it yields — send, read a
+body's head, close, sleep, call the store — handing back the result or the
+exception. It decides nothing. Each shell is bound to a flavour (httpx here,
+httpx2 in `sidestep.httpx2`) by a two-line subclass.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import anyio
+import httpx
+
+from ._attempts import Call, Clock, Close, Core, Read, Send, Sleep
+from ._circuit import State
+from ._config import Config
+from ._flavour import Flavour
+from ._store import StateStore
+
+__all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
+
+_RELEASE_GRACE = 5.0  # seconds a cancelled request may spend giving its probe slot back
+
+
+@dataclass(frozen=True, slots=True)
+class Suspension:
+    """One scope that is not healthy, as `transport.suspensions()` lists it."""
+
+    scope_id: str
+    target: str
+    scope: str
+    state: str
+    reason: str | None
+    failures: int
+    retry_at: float | None  # on the transport's clock; None while open until cleared
+    retry_in: float | None
+
+
+class _Shell:
+    """What both shells share: the core, the inner transport, the operator methods."""
+
+    _flavour: ClassVar[Flavour]
+    _exact: ClassVar[bool]
+
+    def __init__(
+        self,
+        config: Config | Mapping[str, Any] | None = None,
+        *,
+        transport: Any = None,
+        store: StateStore | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self._core = Core(
+            config, store=store, clock=clock, flavour=self._flavour, exact_deadlines=self._exact
+        )
+        self._inner = transport if transport is not None else self._default_transport()
+
+    def _default_transport(self) -> Any:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(routes={list(self._core.router.routes)!r})"
+
+    @property
+    def config(self) -> Config:
+        return self._core.config
+
+    @property
+    def store(self) -> StateStore:
+        return self._core.store
+
+    def suspensions(self) -> list[Suspension]:
+        """A snapshot of the scopes that are not healthy (origins only, never credentials)."""
+        now = self._core.clock()
+        names = self._core.router.target_names()
+        return [
+            Suspension(
+                scope_id=s.scope_id,
+                target=names.get(s.scope.origin, s.scope.origin),
+                scope=s.scope.kind.value,
+                state=s.state.value,
+                reason=s.reason,
+                failures=s.failures,
+                retry_at=None
+                if math.isinf(s.retry_at) or s.state is not State.OPEN
+                else s.retry_at,
+                retry_in=s.retry_in,
+            )
+            for s in self._core.store.snapshot(now)
+        ]
+
+    def clear(self, scope_id: str) -> bool:
+        """Close one scope by hand; whether it existed."""
+        return self._core.store.clear(scope_id)
+
+
+class _SyncShell(_Shell):
+    _exact = False
+
+    def _default_transport(self) -> Any:
+        return self._flavour.module.HTTPTransport()
+
+    def handle_request(self, request: Any) -> Any:
+        return self._drive(self._core.handle(request))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = steps.send(value) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                value = self._perform(effect)
+            except BaseException as exc:  # the core decides what every failure means
+                error = exc
+
+    def _perform(self, effect: Any) -> Any:
+        kind = type(effect)
+        if kind is Send:
+            return self._inner.handle_request(effect.request)
+        if kind is Read:
+            return self._read(effect)
+        if kind is Close:
+            return effect.response.close()
+        if kind is Sleep:
+            return time.sleep(effect.seconds)
+        if kind is Call:
+            return getattr(self._core.store, effect.name)(*effect.args)
+        raise TypeError(f"unknown effect {kind.__name__}")
+
+    def _read(self, effect: Read) -> tuple[list[bytes], bool]:
+        response = effect.response
+        stream = response.stream
+        chunks = iter(stream)
+        head: list[bytes] = []
+        size = 0
+        try:
+            while size < effect.limit:
+                chunk = next(chunks)
+                head.append(chunk)
+                size += len(chunk)
+        except StopIteration:
+            stream.close()
+            response.stream = self._flavour.ByteStream(b"".join(head))
+            return head, True
+        on_error = effect.on_error
+        drive = self._drive
+
+        def rest() -> Iterator[bytes]:
+            yield from head
+            try:
+                yield from chunks
+            except Exception as exc:
+                if on_error is not None:
+                    drive(on_error(exc))
+                raise
+
+        response.stream = self._replay(rest(), stream)
+        return head, False
+
+    def _replay(self, body: Iterator[bytes], original: Any) -> Any:
+        return _sync_replay(self._flavour)(body, original)
+
+
+class _AsyncShell(_Shell):
+    _exact = True
+
+    def _default_transport(self) -> Any:
+        return self._flavour.module.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: Any) -> Any:
+        return await self._drive(self._core.handle(request))
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                effect = steps.send(value) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value, error = None, None
+            try:
+                value = await self._perform(effect)
+            except BaseException as exc:  # the core decides; cancellation comes back out
+                error = exc
+
+    async def _perform(self, effect: Any) -> Any:
+        kind = type(effect)
+        if kind is Send:
+            with self._deadline(effect.deadline, effect.request):
+                return await self._inner.handle_async_request(effect.request)
+        if kind is Read:
+            return await self._read(effect)
+        if kind is Close:
+            return await effect.response.aclose()
+        if kind is Sleep:
+            return await anyio.sleep(effect.seconds)
+        if kind is Call:
+            call = getattr(self._core.store, effect.name + "_async")
+            if effect.name == "release":
+                # Runs while a cancellation unwinds: shield it, briefly, so the slot comes back.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_GRACE):
+                    return await call(*effect.args)
+            return await call(*effect.args)
+        raise TypeError(f"unknown effect {kind.__name__}")
+
+    def _deadline(self, deadline: float | None, request: Any) -> Any:
+        if deadline is None:
+            return _NO_DEADLINE
+        return _Deadline(max(0.0, deadline - self._core.clock()), self._flavour, request)
+
+    async def _read(self, effect: Read) -> tuple[list[bytes], bool]:
+        response = effect.response
+        stream = response.stream
+        chunks = stream.__aiter__()
+        head: list[bytes] = []
+        size = 0
+        try:
+            with self._deadline(effect.deadline, effect.request):
+                while size < effect.limit:
+                    chunk = await chunks.__anext__()
+                    head.append(chunk)
+                    size += len(chunk)
+        except StopAsyncIteration:
+            await stream.aclose()
+            response.stream = self._flavour.ByteStream(b"".join(head))
+            return head, True
+        on_error = effect.on_error
+        drive = self._drive
+
+        async def rest() -> AsyncIterator[bytes]:
+            for chunk in head:
+                yield chunk
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except Exception as exc:
+                if on_error is not None:
+                    await drive(on_error(exc))
+                raise
+
+        response.stream = _async_replay(self._flavour)(rest(), stream)
+        return head, False
+
+
+class _Deadline:
+    """anyio.fail_after that surfaces as the flavour's ReadTimeout, as any httpx timeout would."""
+
+    __slots__ = ("_flavour", "_request", "_scope")
+
+    def __init__(self, seconds: float, flavour: Flavour, request: Any) -> None:
+        self._scope = anyio.fail_after(seconds)
+        self._flavour = flavour
+        self._request = request
+
+    def __enter__(self) -> None:
+        self._scope.__enter__()
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        try:
+            return bool(self._scope.__exit__(*exc_info))
+        except TimeoutError as exc:
+            raise self._flavour.read_timeout(
+                "sidestep: no answer within the request's deadline", request=self._request
+            ) from exc
+
+
+class _NoDeadline:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
+
+
+_NO_DEADLINE = _NoDeadline()
+_REPLAYS: dict[tuple[str, bool], type[Any]] = {}
+
+
+def _sync_replay(flavour: Flavour) -> Callable[[Iterator[bytes], Any], Any]:
+    cls = _REPLAYS.get((flavour.name, False))
+    if cls is None:
+
+        class SyncReplay(flavour.module.SyncByteStream):  # type: ignore[name-defined,misc]
+            """The peeked head, then the rest of the body; closing closes the original."""
+
+            def __init__(self, body: Iterator[bytes], original: Any) -> None:
+                self._body = body
+                self._original = original
+
+            def __iter__(self) -> Iterator[bytes]:
+                return self._body
+
+            def close(self) -> None:
+                self._original.close()
+
+        cls = _REPLAYS[(flavour.name, False)] = SyncReplay
+    return cls
+
+
+def _async_replay(flavour: Flavour) -> Callable[[AsyncIterator[bytes], Any], Any]:
+    cls = _REPLAYS.get((flavour.name, True))
+    if cls is None:
+
+        class AsyncReplay(flavour.module.AsyncByteStream):  # type: ignore[name-defined,misc]
+            """The peeked head, then the rest of the body; closing closes the original."""
+
+            def __init__(self, body: AsyncIterator[bytes], original: Any) -> None:
+                self._body = body
+                self._original = original
+
+            def __aiter__(self) -> AsyncIterator[bytes]:
+                return self._body
+
+            async def aclose(self) -> None:
+                await self._original.aclose()
+
+        cls = _REPLAYS[(flavour.name, True)] = AsyncReplay
+    return cls
+
+
+_HTTPX = Flavour(httpx)
+
+
+class AsyncFailoverTransport(_AsyncShell, httpx.AsyncBaseTransport):
+    """An `httpx.AsyncBaseTransport` that skips suspended upstreams and fails over.
+
+    Args:
+        config: a `Config`, a mapping validated into one, or None (per-host
+            breaking, no routes).
+        transport: the inner transport doing the I/O (default
+            `httpx.AsyncHTTPTransport()`); closing this one closes it.
+        store: where circuit state lives (default: a new `MemoryStore`).
+        clock: monotonic seconds, for tests.
+
+    Example:
+        >>> client = httpx.AsyncClient(transport=sidestep.AsyncFailoverTransport(config))
+    """
+
+    _flavour = _HTTPX
+
+
+class FailoverTransport(_SyncShell, httpx.BaseTransport):
+    """An `httpx.BaseTransport` that skips suspended upstreams and fails over (sync clients).
+
+    Takes the same arguments as `AsyncFailoverTransport`; the inner transport
+    defaults to `httpx.HTTPTransport()`.
+    """
+
+    _flavour = _HTTPX

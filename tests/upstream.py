@@ -1,0 +1,240 @@
+"""A scriptable HTTP/1.1 upstream on 127.0.0.1 for socket-level tests.
+
+Each `Upstream` runs a small asyncio server in a thread of its own. A test
+sets `upstream.behaviour` to a function from the received `Seen` request to
+an action — answer, stream chunk by chunk, cut a stream, send headers and
+stall, or never answer — and reads back what arrived (`upstream.seen`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Respond:
+    status: int = 200
+    body: bytes | str | dict[str, Any] = b"ok"
+    headers: dict[str, str] = field(default_factory=dict)
+    gate: threading.Event | None = None  # when given, answer only once it is set
+
+
+@dataclass
+class Stream:
+    """A chunked body: `chunks` sent with `delay` between them; `cut_after` drops the connection."""
+
+    chunks: list[bytes]
+    status: int = 200
+    delay: float = 0.0
+    cut_after: int | None = None
+    stall_after: int | None = (
+        None  # send this many chunks, then go quiet (the connection stays open)
+    )
+    headers: dict[str, str] = field(default_factory=dict)
+    release: threading.Event | None = (
+        None  # when set, wait for it before the chunks after the first
+    )
+
+
+@dataclass
+class Hang:
+    """Read the request and never answer (the connection stays open until the test ends)."""
+
+
+@dataclass
+class HeadersThenHang:
+    status: int = 200
+
+
+Action = Respond | Stream | Hang | HeadersThenHang
+Behaviour = Callable[[Seen], Action]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Upstream:
+    """One upstream server; `url` is its base URL."""
+
+    def __init__(self, behaviour: Behaviour | None = None, name: str = "upstream") -> None:
+        self.name = name
+        self.behaviour: Behaviour = behaviour or (lambda seen: Respond(body=name))
+        self.seen: list[Seen] = []
+        self.connections = 0
+        self.open_connections = 0
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._server: asyncio.AbstractServer | None = None
+        self._thread = threading.Thread(target=self._run, name=f"upstream-{name}", daemon=True)
+        self._thread.start()
+        self._ready.wait(5)
+        assert self._server is not None
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    @property
+    def calls(self) -> int:
+        with self._lock:
+            return len(self.seen)
+
+    def close(self) -> None:
+        def stop() -> None:
+            assert self._stop is not None
+            self._stop.set()
+
+        self._loop.call_soon_threadsafe(stop)
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._main())
+        self._loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self._ready.set()
+        await self._stop.wait()
+        self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with self._lock:
+            self.connections += 1
+            self.open_connections += 1
+        try:
+            while True:
+                seen = await _read_request(reader)
+                if seen is None:
+                    return
+                with self._lock:
+                    self.seen.append(seen)
+                action = self.behaviour(seen)
+                keep = await self._answer(action, writer)
+                if not keep:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            return
+        finally:
+            with self._lock:
+                self.open_connections -= 1
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _answer(self, action: Action, writer: asyncio.StreamWriter) -> bool:
+        if isinstance(action, Respond):
+            while action.gate is not None and not action.gate.is_set():  # noqa: ASYNC110  # a thread's Event
+                await asyncio.sleep(0.005)
+            body = action.body
+            if isinstance(body, dict):
+                body = json.dumps(body).encode()
+                action.headers.setdefault("content-type", "application/json")
+            elif isinstance(body, str):
+                body = body.encode()
+            head = _head(action.status, {**action.headers, "content-length": str(len(body))})
+            writer.write(head + body)
+            await writer.drain()
+            return True
+        if isinstance(action, Stream):
+            headers = {**action.headers, "transfer-encoding": "chunked"}
+            writer.write(_head(action.status, headers))
+            await writer.drain()
+            for n, chunk in enumerate(action.chunks):
+                if action.cut_after is not None and n >= action.cut_after:
+                    writer.transport.abort()
+                    return False
+                if action.stall_after is not None and n >= action.stall_after:
+                    await asyncio.sleep(3600)
+                if n and action.delay:
+                    await asyncio.sleep(action.delay)
+                if n == 1 and action.release is not None:
+                    while not action.release.is_set():  # noqa: ASYNC110  # a thread's Event
+                        await asyncio.sleep(0.005)
+                writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        if isinstance(action, HeadersThenHang):
+            writer.write(_head(action.status, {"transfer-encoding": "chunked"}))
+            await writer.drain()
+        await asyncio.sleep(3600)
+        return False
+
+
+def _head(status: int, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} X"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
+    try:
+        raw = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return None
+    lines = raw.decode("latin-1").split("\r\n")
+    method, path, _ = lines[0].split(" ", 2)
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    body = b""
+    if "content-length" in headers:
+        body = await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            data = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            parts.append(data[:-2])
+        body = b"".join(parts)
+    return Seen(method, path, headers, body)
+
+
+@contextlib.contextmanager
+def upstreams(*names: str) -> Iterator[list[Upstream]]:
+    servers = [Upstream(name=n) for n in names]
+    try:
+        yield servers
+    finally:
+        for s in servers:
+            s.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll until `condition()` holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.01)
