@@ -60,6 +60,14 @@ class _Shell:
             config, store=store, clock=clock, flavour=self._flavour, exact_deadlines=self._exact
         )
         self._inner = transport if transport is not None else self._default_transport()
+        # False turns this transport into a plain pass-through to the inner one
+        # (what `uninstall()` does to clients it had wrapped).
+        self.active = True
+
+    @property
+    def inner(self) -> Any:
+        """The transport that does the I/O."""
+        return self._inner
 
     def _default_transport(self) -> Any:
         raise NotImplementedError
@@ -107,6 +115,8 @@ class _SyncShell(_Shell):
         return self._flavour.module.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
+        if not self.active:
+            return self._inner.handle_request(request)
         return self._drive(self._core.handle(request))
 
     def close(self) -> None:
@@ -181,6 +191,8 @@ class _AsyncShell(_Shell):
         return self._flavour.module.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
+        if not self.active:
+            return await self._inner.handle_async_request(request)
         return await self._drive(self._core.handle(request))
 
     async def aclose(self) -> None:

@@ -1,0 +1,124 @@
+"""Cancellation and mid-body failures, under asyncio and trio, against real upstreams."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import structlog
+
+import sidestep
+from drivers import FakeClock, route
+from sidestep._config import SidestepConfigWarning
+from upstream import Hang, Respond, Stream, Upstream, wait_for
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def a() -> Iterator[Upstream]:
+    server = Upstream(name="a")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def b() -> Iterator[Upstream]:
+    server = Upstream(name="b")
+    yield server
+    server.close()
+
+
+def config(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
+    return route(("a", a.url + "/v1"), ("b", b.url + "/v1"), **extra)
+
+
+@pytest.mark.anyio
+async def test_cancelled_probe_gives_its_slot_back(a: Upstream, b: Upstream) -> None:
+    """A probe whose task is cancelled frees the slot: the next request probes A again."""
+    a.behaviour = lambda _: Respond(503)
+    clock = FakeClock()
+    transport = sidestep.AsyncFailoverTransport(config(a, b), clock=clock)
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        for _ in range(2):
+            await client.get(a.url + "/v1/x")
+        clock.advance(10)
+        a.behaviour = lambda _: Hang()
+        with anyio.move_on_after(0.3):  # the caller gives up while the probe hangs
+            await client.get(a.url + "/v1/x")
+        assert a.calls == 3
+        (scope,) = transport.suspensions()
+        assert scope.state == "half_open"
+        a.behaviour = lambda _: Respond(body="a")
+        r = await client.get(a.url + "/v1/x")
+        assert r.text == "a"
+        assert a.calls == 4
+        assert transport.suspensions() == []
+
+
+@pytest.mark.anyio
+async def test_cancellation_during_failover_reaches_no_other_target(a: Upstream, b: Upstream) -> None:
+    """A request cancelled while waiting on A is not sent on to B afterwards."""
+    a.behaviour = lambda _: Hang()
+    transport = sidestep.AsyncFailoverTransport(config(a, b, failover={"retry_ambiguous": True}))
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        with anyio.move_on_after(0.3):
+            await client.post(a.url + "/v1/x", json={"q": 1})
+        await anyio.sleep(0.05)
+        assert b.calls == 0
+
+
+@pytest.mark.anyio
+async def test_body_cut_after_commit_is_recorded_and_raised(a: Upstream, b: Upstream) -> None:
+    """A read error mid-body counts against A's scope and reaches the caller unchanged."""
+    a.behaviour = lambda _: Stream([b"one", b"two", b"three"], cut_after=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        cfg = config(a, b, breaker={"failure_threshold": 1})
+        transport = sidestep.AsyncFailoverTransport(cfg)
+    async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+        with structlog.testing.capture_logs() as logs:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.get(a.url + "/v1/x")
+        assert [e["event"] for e in logs if e["event"].startswith("circuit.")] == ["circuit.opened"]
+        (scope,) = transport.suspensions()
+        assert (scope.target, scope.state) == ("a", "open")
+        r = await client.get(a.url + "/v1/x")
+        assert r.text == "b"
+
+
+def test_sync_body_cut_after_commit_is_recorded_and_raised(a: Upstream, b: Upstream) -> None:
+    """The sync transport records a mid-body cut the same way."""
+    a.behaviour = lambda _: Stream([b"one", b"two", b"three"], cut_after=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        transport = sidestep.FailoverTransport(config(a, b, breaker={"failure_threshold": 1}))
+    with httpx.Client(transport=transport, timeout=5) as client:
+        with pytest.raises(httpx.RemoteProtocolError):
+            client.get(a.url + "/v1/x")
+        wait_for(lambda: len(transport.suspensions()) == 1)
+        assert client.get(a.url + "/v1/x").text == "b"
+
+
+@pytest.mark.anyio
+async def test_observe_mode_sends_everything_and_reports_the_skips(a: Upstream, b: Upstream) -> None:
+    """With enforce: false an open target still gets its calls, and candidate.skipped says it would not."""
+    a.behaviour = lambda _: Respond(503)
+    transport = sidestep.AsyncFailoverTransport(config(a, b, breaker={"enforce": False}))
+    async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(4):
+                assert (await client.get(a.url + "/v1/x")).text == "b"
+    assert a.calls == 4
+    events = [e["event"] for e in logs]
+    assert events.count("circuit.opened") == 1
+    skipped = [e for e in logs if e["event"] == "candidate.skipped"]
+    assert len(skipped) == 2
+    assert all(e["enforced"] is False for e in skipped)
