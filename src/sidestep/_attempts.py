@@ -13,7 +13,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import _classify as c11n
@@ -41,6 +41,7 @@ Clock = Callable[[], float]
 _SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
 _BACKOFF_BASE = 0.1  # seconds before the second attempt on one target, doubled after
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+_CACHE_LIMIT = 4096  # origins remembered for the request path; past it they are worked out anew
 _TRANSITION_EVENTS = {
     State.OPEN: "circuit.opened",
     State.HALF_OPEN: "circuit.half_open",
@@ -96,29 +97,53 @@ class Call:
 # -- per-request state -----------------------------------------------------------
 
 
-@dataclass(slots=True)
 class _Run:
-    request: Any
-    cands: Candidates
-    policy: FailoverPolicy
-    body: bytes | None  # None: a one-shot stream, sent to one target only
-    deadline: float | None
-    attempts: int = 0
-    tried: int = 0  # targets that were sent something
-    last: Any = None  # the last failing response or exception
-    last_target: CompiledTarget | None = None
-    skipped: list[CandidateStatus] = field(default_factory=list)
+    """One request's progress through its candidates (created per request: kept lean)."""
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "cands",
+        "deadline",
+        "last",
+        "last_target",
+        "policy",
+        "request",
+        "skipped",
+        "tried",
+    )
+
+    def __init__(
+        self,
+        request: Any,
+        cands: Candidates,
+        policy: FailoverPolicy,
+        body: bytes | None,
+        deadline: float | None,
+    ) -> None:
+        self.request = request
+        self.cands = cands
+        self.policy = policy
+        self.body = body  # None: a one-shot stream, sent to one target only
+        self.deadline = deadline
+        self.attempts = 0
+        self.tried = 0  # targets that were sent something
+        self.last: Any = None  # the last failing response or exception
+        self.last_target: CompiledTarget | None = None
+        self.skipped: list[CandidateStatus] = []
 
     @property
     def route_name(self) -> str | None:
         return self.cands.route.name if self.cands.route else None
 
 
-@dataclass(slots=True)
 class _Outcome:
-    verdict: Verdict
-    result: Any  # a response, or an exception
-    committed: bool = False
+    __slots__ = ("committed", "result", "verdict")
+
+    def __init__(self, verdict: Verdict, result: Any, committed: bool = False) -> None:
+        self.verdict = verdict
+        self.result = result  # a response, or an exception
+        self.committed = committed
 
 
 class Core:
@@ -146,7 +171,11 @@ class Core:
         # read timeout to the first-byte limit instead; httpcore fixes a body's
         # read timeout when the body starts, so there it bounds each later read too.
         self._exact = exact_deadlines
-        self._own: dict[tuple[str, str, int | None], Candidates] = {}
+        self._blocking = self.store.blocking
+        self._byte_stream = flavour.ByteStream
+        self._fingerprint = self.store.fingerprint
+        self._origins: dict[tuple[str, str, int | None], str] = {}
+        self._own: dict[str, Candidates] = {}
 
     def __repr__(self) -> str:
         return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"
@@ -157,22 +186,25 @@ class Core:
         """Drive one request to its response (or error), yielding effects for the shell."""
         run = self._start(request)
         for index, target in enumerate(run.cands.targets):
-            if run.attempts >= run.policy.max_total_attempts or self._expired(run):
+            if run.attempts >= run.policy.max_total_attempts or (
+                run.deadline is not None and self.clock() >= run.deadline
+            ):
                 break
             if run.body is None and run.tried:
                 break  # a one-shot body was sent once already; it cannot be replayed
-            attempt = self._for_target(run, target, index)
-            facts = ScopeFacts(
-                target.origin,
-                headers=attempt.headers,
-                userinfo=attempt.userinfo,
-                body=attempt.body,
-                fingerprint=self.store.fingerprint,
-            )
-            admission: Admission = yield from self._store(
-                "admit", facts, self.breaker, self.clock()
-            )
-            self._announce(admission.transitions, target, run)
+            if index == 0 and run.cands.direct:
+                sent, headers, body = request, request.headers, run.body
+                userinfo = request.url.userinfo
+            else:
+                sent, headers, userinfo, body = self._rewrite(run, target)
+            facts = ScopeFacts(target.origin, headers, userinfo, body, self._fingerprint)
+            now = self.clock()
+            if self._blocking:
+                admission: Admission = yield Call("admit", (facts, self.breaker, now))
+            else:
+                admission = self.store.admit(facts, self.breaker, now)
+            if admission.transitions:
+                self._announce(admission.transitions, target, run)
             if admission.ticket is None:
                 self._skip(run, target, admission)
                 continue
@@ -188,12 +220,27 @@ class Core:
                 )
             ticket = admission.ticket
             try:
-                outcome = yield from self._try_target(run, target, attempt.request, ticket)
+                if run.policy.max_attempts_per_target == 1:
+                    run.attempts += 1
+                    outcome = yield from self._attempt(run, target, sent, ticket)
+                else:
+                    outcome = yield from self._try_target(run, target, sent, ticket)
             except BaseException:
-                yield from self._store("release", ticket)
+                if self._blocking:
+                    yield Call("release", (ticket,))
+                else:
+                    self.store.release(ticket)
                 raise
             run.tried += 1
-            yield from self._record(ticket, outcome.verdict, target, run)
+            if outcome.verdict is _SUCCESS and not self._blocking:
+                # the healthy path: no event to emit, usually nothing kept to reset
+                changed = self.store.record(
+                    ticket, _SUCCESS, self.breaker, self.suspensions, self.clock()
+                )
+                if changed:
+                    self._announce(changed, target, run)
+            else:
+                yield from self._record(ticket, outcome.verdict, target, run)
             if outcome.committed:
                 return self._attribute(outcome.result, run, target, index)
             if not outcome.verdict.failover:
@@ -239,7 +286,9 @@ class Core:
         if deadline is not None or first_byte is not None:
             request.extensions = dict(request.extensions)
             request.extensions["timeout"] = self._timeouts(request, run, first_byte, now)
-        fb_deadline = _earliest(deadline, now + first_byte if first_byte is not None else None)
+        fb_deadline = deadline
+        if first_byte is not None:
+            fb_deadline = now + first_byte if deadline is None else min(deadline, now + first_byte)
         try:
             response = yield Send(request, fb_deadline)
         except Exception as exc:
@@ -270,6 +319,8 @@ class Core:
             )
         if verdict.kind is not Kind.SUCCESS:
             return _Outcome(verdict, response)
+        if isinstance(response.stream, self._byte_stream):
+            return _Outcome(_SUCCESS, response, committed=True)  # the body is here already
         return (yield from self._commit(run, target, request, ticket, response, fb_deadline))
 
     def _commit(
@@ -283,8 +334,6 @@ class Core:
     ) -> Generator[Any, Any, _Outcome]:
         """Wait for the commit point: the first body byte (or the whole body)."""
         route = run.cands.route
-        if isinstance(response.stream, self.flavour.ByteStream):
-            return _Outcome(_SUCCESS, response, committed=True)  # the body is here already
         complete = route is not None and route.commit_complete
         limit = route.max_buffered_bytes if complete and route is not None else 1
         deadline = run.deadline if complete else fb_deadline
@@ -337,9 +386,12 @@ class Core:
     def _record(
         self, ticket: Ticket, verdict: Verdict, target: CompiledTarget, run: _Run
     ) -> Generator[Any, Any, None]:
-        transitions = yield from self._store(
-            "record", ticket, verdict, self.breaker, self.suspensions, self.clock()
-        )
+        now = self.clock()
+        if self._blocking:
+            args = (ticket, verdict, self.breaker, self.suspensions, now)
+            transitions = yield Call("record", args)
+        else:
+            transitions = self.store.record(ticket, verdict, self.breaker, self.suspensions, now)
         if verdict.kind in (Kind.FAILURE, Kind.SUSPEND) or (
             verdict.kind is Kind.NEUTRAL and verdict.failover
         ):
@@ -351,7 +403,8 @@ class Core:
                 reason=verdict.reason,
                 status=verdict.status,
             )
-        self._announce(transitions, target, run)
+        if transitions:
+            self._announce(transitions, target, run)
 
     def _body_failed(
         self, ticket: Ticket, target: CompiledTarget, run: _Run, request: Any, exc: BaseException
@@ -411,38 +464,48 @@ class Core:
 
     def _start(self, request: Any) -> _Run:
         url = request.url
-        origin = origin_key(url.scheme, url.host, url.port)
+        try:
+            # The parsed parts both flavours keep: plain tuple fields, far cheaper
+            # per request than the public properties, which decode on each access.
+            ref = url._uri_reference
+            where = (ref.scheme, ref.host, ref.port)
+        except AttributeError:
+            where = (url.scheme, url.host, url.port)
+        origin = self._origins.get(where)
+        if origin is None:
+            origin = origin_key(url.scheme, url.host, url.port)
+            if len(self._origins) < _CACHE_LIMIT:
+                self._origins[where] = origin
         cands = self.router.match(origin, url.path) if self.router.routes else None
         if cands is None:
-            cands = self._own_origin(url.scheme, url.host, url.port, origin)
+            cands = self._own_origin(origin, url)
         policy = cands.route.policy if cands.route else self.config.failover
         deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
-        return _Run(request, cands, policy, self._replayable_body(request), deadline)
+        content = getattr(request, "_content", None)
+        body = content if content is not None else self._streamed_body(request)
+        return _Run(request, cands, policy, body, deadline)
 
-    def _own_origin(self, scheme: str, host: str, port: int | None, origin: str) -> Candidates:
+    def _own_origin(self, origin: str, url: Any) -> Candidates:
         """An unrouted request: one candidate, its own origin (cached; bounded)."""
-        key = (scheme, host, port)
-        cands = self._own.get(key)
+        cands = self._own.get(origin)
         if cands is None:
+            scheme, host, port = url.scheme, url.host, url.port
             shown = display_origin(scheme, host, port)
             target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
             cands = Candidates(None, (target,), "", origin, direct=True)
-            if len(self._own) < 1024:
-                self._own[key] = cands
+            if len(self._own) < _CACHE_LIMIT:
+                self._own[origin] = cands
         return cands
 
-    def _replayable_body(self, request: Any) -> bytes | None:
-        content = getattr(request, "_content", None)
-        if content is not None:
-            return bytes(content)
+    def _streamed_body(self, request: Any) -> bytes | None:
+        """The body of a request whose content is not in memory yet, when it can be replayed."""
         if isinstance(request.stream, self.flavour.multipart):
             return request.read()  # type: ignore[no-any-return]  # in-memory parts
         return None
 
-    def _for_target(self, run: _Run, target: CompiledTarget, index: int) -> _Attempt:
+    def _rewrite(self, run: _Run, target: CompiledTarget) -> tuple[Any, Any, bytes, bytes | None]:
+        """The request rebuilt for `target`: (request, its headers, its userinfo, its body)."""
         request = run.request
-        if index == 0 and run.cands.direct:
-            return _Attempt(request, request.headers, _userinfo(request.url), run.body)
         same_origin = target.origin == run.cands.origin
         headers = rewrite_headers(
             list(request.headers.multi_items()), target, same_origin=same_origin
@@ -467,15 +530,9 @@ class Core:
             content=body if body is not None else request.stream,
             extensions=extensions,
         )
-        return _Attempt(rebuilt, rebuilt.headers, _userinfo(url), body)
+        return rebuilt, rebuilt.headers, url.userinfo, body
 
     # -- helpers -------------------------------------------------------------------------
-
-    def _store(self, name: str, *args: Any) -> Generator[Any, Any, Any]:
-        """Call a store operation, directly or as an effect when it may wait on I/O."""
-        if self.store.blocking:
-            return (yield Call(name, args))
-        return getattr(self.store, name)(*args)
 
     def _discard(self, result: Any) -> Generator[Any, Any, None]:
         if not isinstance(result, BaseException):
@@ -546,27 +603,6 @@ class Core:
             )
 
 
-@dataclass(slots=True)
-class _Attempt:
-    request: Any
-    headers: Any  # a case-insensitive mapping
-    userinfo: str
-    body: bytes | None
-
-
-def _userinfo(url: Any) -> str:
-    raw = url.userinfo
-    return raw.decode("latin-1") if raw else ""
-
-
 def _query(url: Any) -> bytes:
     query: bytes = url.query
     return b"?" + query if query else b""
-
-
-def _earliest(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    if b is None:
-        return a
-    return min(a, b)

@@ -137,9 +137,8 @@ class ScopeFacts:
     def __init__(
         self,
         origin: str,
-        *,
         headers: Mapping[str, str],
-        userinfo: str,
+        userinfo: bytes | str,
         body: bytes | None,
         fingerprint: Fingerprinter,
     ) -> None:
@@ -163,7 +162,10 @@ class ScopeFacts:
     @property
     def credential(self) -> str:
         if self._credential is None:
-            self._credential = self._fingerprint(self._headers, self._userinfo)
+            userinfo = self._userinfo
+            if isinstance(userinfo, bytes):
+                userinfo = userinfo.decode("latin-1")
+            self._credential = self._fingerprint(self._headers, userinfo)
         return self._credential
 
     def key(self, kind: ScopeKind) -> ScopeKey:

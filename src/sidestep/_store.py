@@ -35,21 +35,33 @@ __all__ = [
 DEFAULT_MAX_SCOPES = 10_000
 
 
-@dataclass(slots=True, eq=False)
 class Ticket:
     """One admitted request on one target: what it saw, so its verdict can be checked for staleness.
 
     `generations` holds, for each covering scope, the generation seen at
     admission (0: not kept, i.e. healthy); None when the origin had nothing
-    unhealthy and no key was computed at all.
+    unhealthy and no key was computed at all. Created per request: kept lean.
     """
 
-    facts: ScopeFacts
-    seq: int
-    generations: dict[ScopeKey, int] | None = None
-    probes: tuple[ScopeKey, ...] = ()
-    shadow: bool = False  # observe mode: enforcing would have refused this request
-    done: bool = False
+    __slots__ = ("done", "facts", "generations", "probes", "seq", "shadow")
+
+    def __init__(
+        self,
+        facts: ScopeFacts,
+        seq: int,
+        generations: dict[ScopeKey, int] | None = None,
+        probes: tuple[ScopeKey, ...] = (),
+        shadow: bool = False,
+    ) -> None:
+        self.facts = facts
+        self.seq = seq
+        self.generations = generations
+        self.probes = probes
+        self.shadow = shadow  # observe mode: enforcing would have refused this request
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"Ticket(origin={self.facts.origin!r}, seq={self.seq}, probes={len(self.probes)})"
 
 
 @dataclass(frozen=True, slots=True)
