@@ -14,7 +14,7 @@ import structlog
 import sidestep
 from drivers import FakeClock, route
 from sidestep._config import SidestepConfigWarning
-from upstream import Hang, Respond, Stream, Upstream, wait_for
+from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -64,7 +64,9 @@ async def test_cancelled_probe_gives_its_slot_back(a: Upstream, b: Upstream) -> 
 
 
 @pytest.mark.anyio
-async def test_cancellation_during_failover_reaches_no_other_target(a: Upstream, b: Upstream) -> None:
+async def test_cancellation_during_failover_reaches_no_other_target(
+    a: Upstream, b: Upstream
+) -> None:
     """A request cancelled while waiting on A is not sent on to B afterwards."""
     a.behaviour = lambda _: Hang()
     transport = sidestep.AsyncFailoverTransport(config(a, b, failover={"retry_ambiguous": True}))
@@ -84,9 +86,8 @@ async def test_body_cut_after_commit_is_recorded_and_raised(a: Upstream, b: Upst
         cfg = config(a, b, breaker={"failure_threshold": 1})
         transport = sidestep.AsyncFailoverTransport(cfg)
     async with httpx.AsyncClient(transport=transport, timeout=5) as client:
-        with structlog.testing.capture_logs() as logs:
-            with pytest.raises(httpx.RemoteProtocolError):
-                await client.get(a.url + "/v1/x")
+        with structlog.testing.capture_logs() as logs, pytest.raises(httpx.RemoteProtocolError):
+            await client.get(a.url + "/v1/x")
         assert [e["event"] for e in logs if e["event"].startswith("circuit.")] == ["circuit.opened"]
         (scope,) = transport.suspensions()
         assert (scope.target, scope.state) == ("a", "open")
@@ -108,7 +109,9 @@ def test_sync_body_cut_after_commit_is_recorded_and_raised(a: Upstream, b: Upstr
 
 
 @pytest.mark.anyio
-async def test_observe_mode_sends_everything_and_reports_the_skips(a: Upstream, b: Upstream) -> None:
+async def test_observe_mode_sends_everything_and_reports_the_skips(
+    a: Upstream, b: Upstream
+) -> None:
     """With enforce: false an open target still gets its calls, and candidate.skipped says it would not."""
     a.behaviour = lambda _: Respond(503)
     transport = sidestep.AsyncFailoverTransport(config(a, b, breaker={"enforce": False}))
@@ -122,3 +125,17 @@ async def test_observe_mode_sends_everything_and_reports_the_skips(a: Upstream, 
     skipped = [e for e in logs if e["event"] == "candidate.skipped"]
     assert len(skipped) == 2
     assert all(e["enforced"] is False for e in skipped)
+
+
+@pytest.mark.anyio
+async def test_cancelled_while_waiting_for_the_first_byte_closes_the_connection(
+    a: Upstream, b: Upstream
+) -> None:
+    """A request cancelled between the headers and the first body byte leaves no open socket."""
+    a.behaviour = lambda _: HeadersThenHang()
+    transport = sidestep.AsyncFailoverTransport(config(a, b))
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        with anyio.move_on_after(0.3):
+            await client.get(a.url + "/v1/x")
+        await anyio.to_thread.run_sync(lambda: wait_for(lambda: a.open_connections == 0))
+        assert b.calls == 0

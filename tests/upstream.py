@@ -137,7 +137,7 @@ class Upstream:
                 with self._lock:
                     self.seen.append(seen)
                 action = self.behaviour(seen)
-                keep = await self._answer(action, writer)
+                keep = await self._answer(action, reader, writer)
                 if not keep:
                     return
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
@@ -148,7 +148,9 @@ class Upstream:
             with contextlib.suppress(Exception):
                 writer.close()
 
-    async def _answer(self, action: Action, writer: asyncio.StreamWriter) -> bool:
+    async def _answer(
+        self, action: Action, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
         if isinstance(action, Respond):
             while action.gate is not None and not action.gate.is_set():  # noqa: ASYNC110  # a thread's Event
                 await asyncio.sleep(0.005)
@@ -185,7 +187,9 @@ class Upstream:
         if isinstance(action, HeadersThenHang):
             writer.write(_head(action.status, {"transfer-encoding": "chunked"}))
             await writer.drain()
-        await asyncio.sleep(3600)
+        # Say nothing more, until the client goes away (so tests can see it closed).
+        while await reader.read(1024):
+            pass
         return False
 
 

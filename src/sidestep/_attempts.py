@@ -185,6 +185,17 @@ class Core:
     def handle(self, request: Any) -> Generator[Any, Any, Any]:
         """Drive one request to its response (or error), yielding effects for the shell."""
         run = self._start(request)
+        try:
+            return (yield from self._candidates(run, request))
+        except BaseException:
+            # Cancelled, or failed, while a failing response was held for the end.
+            if run.last is not None and not isinstance(run.last, BaseException):
+                last, run.last = run.last, None
+                yield Close(last)
+            raise
+
+    def _candidates(self, run: _Run, request: Any) -> Generator[Any, Any, Any]:
+        """Each candidate in order: admission, rewrite, attempts, verdict."""
         for index, target in enumerate(run.cands.targets):
             if run.attempts >= run.policy.max_total_attempts or (
                 run.deadline is not None and self.clock() >= run.deadline
@@ -211,7 +222,8 @@ class Core:
             if admission.refusal is not None:
                 self._observe_skip(run, target, admission)
             if run.last is not None:
-                yield from self._discard(run.last)
+                last, run.last = run.last, None
+                yield from self._discard(last)
                 emit(
                     "failover",
                     route=run.route_name,
@@ -248,7 +260,8 @@ class Core:
             run.last, run.last_target = outcome.result, target
         if run.last is not None and run.last_target is not None:
             index = run.cands.targets.index(run.last_target)
-            return self._final(run.last, run, run.last_target, index)
+            last, run.last = run.last, None  # handed over: no longer ours to close
+            return self._final(last, run, run.last_target, index)
         if run.tried == 0 and run.skipped:
             return self._all_suspended(run)
         raise self.flavour.timeout_error("sidestep: total_timeout ran out before any attempt")
@@ -261,6 +274,8 @@ class Core:
         outcome: _Outcome | None = None
         for n in range(policy.max_attempts_per_target):
             if outcome is not None:
+                if run.body is None:
+                    break  # a one-shot body cannot be sent again
                 wait = self._retry_wait(outcome.verdict, policy, n, run)
                 if wait is None:
                     break
@@ -303,8 +318,11 @@ class Core:
                     head, _ = yield Read(response, request, BODY_PREFIX_LIMIT, deadline)
                     body = b"".join(head)[:BODY_PREFIX_LIMIT]
                 except Exception as exc:
-                    yield from self._discard(response)
+                    yield Close(response)
                     return _Outcome(self._classify_error(request, exc, run), exc)
+                except BaseException:
+                    yield Close(response)  # cancelled mid-read: the connection must not leak
+                    raise
             verdict = self.classifier(
                 Exchange(
                     method=request.method,
@@ -344,8 +362,11 @@ class Core:
         try:
             yield Read(response, request, limit, deadline, on_error)
         except Exception as exc:
-            yield from self._discard(response)
+            yield Close(response)
             return _Outcome(self._classify_error(request, exc, run), exc)
+        except BaseException:
+            yield Close(response)  # cancelled before the commit point: nothing leaks
+            raise
         return _Outcome(_SUCCESS, response, committed=True)
 
     # -- verdicts -------------------------------------------------------------------

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["Candidates", "CompiledRoute", "CompiledTarget", "Router", "display_origin"]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Set anew for each target (Host) or by the rebuilt request from its body.
+_REBUILT = frozenset({"host", "content-length", "transfer-encoding"})
 
 
 def display_origin(scheme: str, host: str, port: int | None) -> str:
@@ -158,9 +160,8 @@ def rewrite_headers(
     out = [
         (name, value)
         for name, value in headers
-        if name != "host"
+        if name not in _REBUILT
         and name not in own
-        and name != "content-length"
         and (keep_credentials or name not in CREDENTIAL_HEADERS)
     ]
     out.append(("host", target.host_header))

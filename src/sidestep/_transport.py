@@ -220,7 +220,9 @@ class _AsyncShell(_Shell):
         if kind is Read:
             return await self._read(effect)
         if kind is Close:
-            return await effect.response.aclose()
+            # Closing may run while a cancellation unwinds; it must still happen.
+            with anyio.CancelScope(shield=True):
+                return await effect.response.aclose()
         if kind is Sleep:
             return await anyio.sleep(effect.seconds)
         if kind is Call:
