@@ -1,0 +1,1 @@
+"""Runnable example services that call LLM upstreams through sidestep."""

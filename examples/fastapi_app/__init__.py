@@ -1,0 +1,1 @@
+"""A FastAPI chat service over two OpenAI-compatible upstreams; see its README."""

@@ -1,0 +1,1 @@
+"""A Flask chat service over two OpenAI-compatible upstreams; see its README."""
