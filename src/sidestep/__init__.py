@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._adopt import install, uninstall, wrap
 from ._config import Config, load_config
 from ._errors import AllCandidatesSuspended, CandidateStatus, ConfigError, SidestepError
 from ._store import MemoryStore, StateStore
@@ -26,5 +27,8 @@ __all__ = [
     "StateStore",
     "Suspension",
     "__version__",
+    "install",
     "load_config",
+    "uninstall",
+    "wrap",
 ]

@@ -1,0 +1,9 @@
+"""`python -m sidestep` is the `sidestep` command."""
+
+from __future__ import annotations
+
+import sys
+
+from ._cli import main
+
+sys.exit(main())

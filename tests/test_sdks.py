@@ -1,0 +1,252 @@
+"""The real OpenAI and Anthropic SDKs over sidestep, against fake LLM upstreams on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import sidestep
+from llm_upstream import SDKS, ForwardingProxy, Sdk, llm, unavailable
+from sidestep._config import SidestepConfigWarning
+from sidestep._transport import _Shell
+from upstream import Upstream
+
+COLOURS = ("sync", "async")
+RETRY_AFTER = 30  # seconds: the cooldown, and the Retry-After of an all-suspended answer
+
+
+@pytest.fixture(params=sorted(SDKS))
+def sdk(request: pytest.FixtureRequest) -> Sdk:
+    return SDKS[request.param]
+
+
+@pytest.fixture(params=COLOURS)
+def is_async(request: pytest.FixtureRequest) -> bool:
+    return request.param == "async"
+
+
+@pytest.fixture
+def a() -> Iterator[Upstream]:
+    """The primary: the SDK's base URL points here, and it is down."""
+    server = Upstream(unavailable, name="a")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def b() -> Iterator[Upstream]:
+    """The backup, with its own API key."""
+    server = Upstream(llm("b"), name="b")
+    yield server
+    server.close()
+
+
+@pytest.fixture(autouse=True)
+def _uninstalled() -> Iterator[None]:
+    yield
+    sidestep.uninstall()
+
+
+def llm_config(sdk: Sdk, a: Upstream, b: Upstream, **failover: Any) -> sidestep.Config:
+    """Route "llm": the primary `a` (the SDK's base URL), then the backup `b` with its own key."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)  # threshold 1: one 503 opens
+        return sidestep.Config.model_validate(
+            {
+                "breaker": {"failure_threshold": 1, "cooldown": RETRY_AFTER},
+                "failover": failover,
+                "routes": [
+                    {
+                        "name": "llm",
+                        "targets": [
+                            {"name": "primary", "url": a.url + "/v1"},
+                            {"name": "backup", "url": b.url + "/v1", "headers": sdk.key("b-key")},
+                        ],
+                    }
+                ],
+            }
+        )
+
+
+def ask(
+    sdk: Sdk,
+    is_async: bool,
+    a: Upstream,
+    http_client: Any = None,
+    *,
+    stream: bool = False,
+    on_first: Any = None,
+    **kw: Any,
+) -> str:
+    """One question through a new SDK client (its default one when `http_client` is None)."""
+    if not is_async:
+        with sdk.client(a.url, is_async=False, http_client=http_client, **kw) as client:
+            return sdk.ask(client, stream=stream, on_first=on_first)
+
+    async def go() -> str:
+        async with sdk.client(a.url, is_async=True, http_client=http_client, **kw) as client:
+            return await sdk.ask_async(client, stream=stream, on_first=on_first)
+
+    return asyncio.run(go())
+
+
+def assert_answered_by_backup(sdk: Sdk, a: Upstream, b: Upstream, text: str) -> None:
+    assert text == "hello from b"
+    assert (a.calls, b.calls) == (1, 1)
+    assert b.seen[0].headers[sdk.key_header] == sdk.key("b-key")[sdk.key_header]
+    assert "primary-key" not in str(b.seen[0].headers)
+
+
+@pytest.mark.parametrize("adopt", ["wrap", "install"])
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_503_from_the_primary_is_answered_by_the_backup(
+    sdk: Sdk, is_async: bool, stream: bool, adopt: str, a: Upstream, b: Upstream
+) -> None:
+    """The primary answers 503 and the SDK call returns the backup's answer, streamed chunk by chunk."""
+    config = llm_config(sdk, a, b)
+    release = threading.Event()  # the backup holds its later events until the caller has the first
+    b.behaviour = llm("b", release=release)
+    if adopt == "wrap":
+        http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
+    else:
+        sidestep.install(config)
+        http_client = None
+    text = ask(sdk, is_async, a, http_client, stream=stream, on_first=release.set)
+    assert_answered_by_backup(sdk, a, b, text)
+    assert release.is_set() == stream
+
+
+def test_a_wrapped_sdk_client_fails_over_behind_an_environment_proxy(
+    sdk: Sdk, is_async: bool, a: Upstream, b: Upstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With HTTP_PROXY set, both attempts go through the proxy mount, which sidestep wraps."""
+    proxy = ForwardingProxy()
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, proxy.url)
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        http_client = sidestep.wrap(
+            sdk.default_http_client(is_async, trust_env=True), llm_config(sdk, a, b)
+        )
+        assert any(t is not None for t in http_client._mounts.values())
+        assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client))
+        assert [s.path.partition("/v1/")[0] for s in proxy.seen] == [a.url, b.url]
+    finally:
+        proxy.close()
+
+
+class RequestCounter:
+    """An httpx2 request event hook of either colour: how many requests the SDK sent."""
+
+    def __init__(self, is_async: bool) -> None:
+        self.count = 0
+        self.hook: Any = self._async if is_async else self._sync
+
+    def _sync(self, _request: Any) -> None:
+        self.count += 1
+
+    async def _async(self, _request: Any) -> None:
+        self.count += 1
+
+
+def suspend_both(sdk: Sdk, is_async: bool, a: Upstream, b: Upstream, **failover: Any) -> Any:
+    """Open both targets' circuits with one 503 each; returns a maker of clients sharing that store."""
+    b.behaviour = unavailable
+    config = llm_config(sdk, a, b, **failover)
+    store = sidestep.MemoryStore()
+    with pytest.raises(sdk.module.InternalServerError):
+        ask(sdk, is_async, a, sidestep.wrap(sdk.default_http_client(is_async), config, store=store))
+    assert (a.calls, b.calls) == (1, 1)
+
+    def http_client(**kw: Any) -> Any:
+        return sidestep.wrap(sdk.default_http_client(is_async, **kw), config, store=store)
+
+    return http_client
+
+
+def test_raise_mode_gives_a_connection_error_caused_by_the_suspension(
+    sdk: Sdk, is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """Every candidate suspended: APIConnectionError with AllCandidatesSuspended as its cause, and no upstream call."""
+    http_client = suspend_both(sdk, is_async, a, b)
+    with pytest.raises(sdk.module.APIConnectionError) as caught:
+        ask(sdk, is_async, a, http_client(), max_retries=1)  # the retry reaches no upstream either
+    suspended = caught.value.__cause__
+    assert isinstance(suspended, sidestep.AllCandidatesSuspended)
+    assert suspended.retry_after is not None and 0 < suspended.retry_after <= RETRY_AFTER
+    assert [c.target for c in suspended.candidates] == ["primary", "backup"]
+    assert (a.calls, b.calls) == (1, 1)
+
+
+def test_respond_mode_gives_a_503_in_one_call_without_waiting(
+    sdk: Sdk, is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """Every candidate suspended under respond: the SDK's 503 status error at once, with its default retries unused."""
+    http_client = suspend_both(sdk, is_async, a, b, on_all_suspended="respond")
+    counter = RequestCounter(is_async)
+    start = time.monotonic()
+    with pytest.raises(sdk.module.APIStatusError) as caught:
+        ask(
+            sdk,
+            is_async,
+            a,
+            http_client(event_hooks={"request": [counter.hook]}),
+            max_retries=2,  # the SDKs' default
+        )
+    took = time.monotonic() - start
+    response = caught.value.response
+    assert (caught.value.status_code, response.headers["x-sidestep"]) == (
+        503,
+        "all_candidates_suspended",
+    )
+    assert 0 < int(response.headers["retry-after"]) <= RETRY_AFTER
+    assert counter.count == 1
+    assert took < 1.0
+    assert (a.calls, b.calls) == (1, 1)
+
+
+def test_uninstall_leaves_a_new_sdk_client_untouched(sdk: Sdk, a: Upstream, b: Upstream) -> None:
+    """An SDK client created after uninstall() has its plain transport and sees the primary's 503."""
+    sidestep.install(llm_config(sdk, a, b))
+    sidestep.uninstall()
+    with sdk.client(a.url, is_async=False) as client:
+        assert not isinstance(client._client._transport, _Shell)
+        with pytest.raises(sdk.module.InternalServerError):
+            sdk.ask(client)
+    assert (a.calls, b.calls) == (1, 0)
+
+
+def test_install_twice_wraps_an_sdk_client_once(sdk: Sdk, a: Upstream, b: Upstream) -> None:
+    """After two install() calls the SDK's default client has one sidestep layer: two attempts, one failover."""
+    sidestep.install(llm_config(sdk, a, b))
+    sidestep.install(llm_config(sdk, a, b))
+    with sdk.client(a.url, is_async=False) as client:
+        transport = client._client._transport
+        assert not isinstance(transport.inner.own, _Shell)
+        response = sdk.ask_raw(client)
+    assert response.extensions["sidestep"] == {
+        "route": "llm",
+        "target": "backup",
+        "attempts": 2,
+        "failover": True,
+    }
+
+
+def test_install_does_not_wrap_a_wrapped_sdk_client_again(
+    sdk: Sdk, a: Upstream, b: Upstream
+) -> None:
+    """An SDK client over a client wrap() wrapped keeps that one layer and its config under install()."""
+    sidestep.install({})  # no routes: install alone would never reach the backup
+    http_client = sidestep.wrap(sdk.default_http_client(False), llm_config(sdk, a, b))
+    transport = http_client._transport
+    with sdk.client(a.url, is_async=False, http_client=http_client) as client:
+        assert client._client._transport is transport
+        assert not isinstance(transport.inner.own, _Shell)
+        assert_answered_by_backup(sdk, a, b, sdk.ask(client))
