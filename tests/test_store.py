@@ -1,15 +1,23 @@
-"""The circuit state machine as the store runs it: fake clock, no sleeps, no network."""
+"""The circuit state machine as the stores run it: fake clock, no sleeps.
+
+Every test runs on `MemoryStore` and on `RedisStore` against a real Redis (its
+private caller-clock hook lets the same fake clock drive the server's windows).
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeAlias
 
 import pytest
 
+from redis_server import fresh_prefix
 from sidestep._circuit import State
 from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, FailureRate, Suspensions
+from sidestep._redis import RedisStore
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._store import MemoryStore, Ticket
 
@@ -20,6 +28,28 @@ OK = Verdict(Kind.SUCCESS, None, None, failover=False)
 NEUTRAL = Verdict(Kind.NEUTRAL, "client_error", None, failover=False)
 SUSPENSIONS = Suspensions()
 
+Store: TypeAlias = MemoryStore | RedisStore
+MakeStore: TypeAlias = Callable[..., Store]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
+    """Builds the store under test; a RedisStore gets a fresh prefix and follows the fake clock."""
+    made: list[RedisStore] = []
+
+    def make(**kw: Any) -> Store:
+        if request.param == "memory":
+            return MemoryStore(**kw)
+        store = RedisStore(request.getfixturevalue("redis_url"), prefix=fresh_prefix(), **kw)
+        store._caller_clock = True
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.close()
+        assert store.fallbacks == 0  # every operation ran on Redis, none fell back to memory
+
 
 def policy(**changes: object) -> BreakerPolicy:
     base: dict[str, object] = {"failure_threshold": 3, "cooldown": 10, "max_cooldown": 60}
@@ -27,9 +57,7 @@ def policy(**changes: object) -> BreakerPolicy:
     return BreakerPolicy.model_validate(base)
 
 
-def facts(
-    store: MemoryStore, model: str = "m", key: str = "k1", origin: str = ORIGIN
-) -> ScopeFacts:
+def facts(store: Store, model: str = "m", key: str = "k1", origin: str = ORIGIN) -> ScopeFacts:
     body = f'{{"model": "{model}"}}'.encode() if model else b""
     return ScopeFacts(
         origin,
@@ -40,28 +68,26 @@ def facts(
     )
 
 
-def admit(store: MemoryStore, p: BreakerPolicy, now: float, **kw: str) -> Ticket | None:
+def admit(store: Store, p: BreakerPolicy, now: float, **kw: str) -> Ticket | None:
     return store.admit(facts(store, **kw), p, now).ticket
 
 
-def fail(
-    store: MemoryStore, p: BreakerPolicy, now: float, n: int = 1, verdict: Verdict = FAIL
-) -> None:
+def fail(store: Store, p: BreakerPolicy, now: float, n: int = 1, verdict: Verdict = FAIL) -> None:
     for _ in range(n):
         ticket = admit(store, p, now)
         assert ticket is not None
         store.record(ticket, verdict, p, SUSPENSIONS, now)
 
 
-def state(store: MemoryStore) -> State | None:
+def state(store: Store) -> State | None:
     states = {s.state for s in store.snapshot(0)}
     assert len(states) <= 1
     return states.pop() if states else None
 
 
-def test_opens_after_exactly_the_threshold() -> None:
+def test_opens_after_exactly_the_threshold(make_store: MakeStore) -> None:
     """The scope stays closed for threshold-1 consecutive failures and opens on the threshold-th."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     fail(store, p, 0, 2)
     assert admit(store, p, 0) is not None
     assert state(store) is State.CLOSED
@@ -70,9 +96,9 @@ def test_opens_after_exactly_the_threshold() -> None:
     assert admit(store, p, 1) is None
 
 
-def test_success_in_between_resets_the_count() -> None:
+def test_success_in_between_resets_the_count(make_store: MakeStore) -> None:
     """A success between failures resets the consecutive count and forgets the scope."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     fail(store, p, 0, 2)
     ticket = admit(store, p, 0)
     assert ticket is not None
@@ -82,9 +108,11 @@ def test_success_in_between_resets_the_count() -> None:
     assert state(store) is State.CLOSED
 
 
-def test_nothing_admitted_while_open_then_exactly_the_probes_from_threads() -> None:
+def test_nothing_admitted_while_open_then_exactly_the_probes_from_threads(
+    make_store: MakeStore,
+) -> None:
     """While open nothing passes; after the window exactly half_open_probes of 1000 threads get in."""
-    store, p = MemoryStore(), policy(half_open_probes=2)
+    store, p = make_store(), policy(half_open_probes=2)
     fail(store, p, 0, 3)
     assert all(admit(store, p, t) is None for t in (0, 5, 9.99))
     barrier = threading.Barrier(50)
@@ -100,9 +128,9 @@ def test_nothing_admitted_while_open_then_exactly_the_probes_from_threads() -> N
     assert state(store) is State.HALF_OPEN
 
 
-def test_successful_probe_closes_and_forgets_history() -> None:
+def test_successful_probe_closes_and_forgets_history(make_store: MakeStore) -> None:
     """After a successful probe the next run of failures opens with cooldown again, not the grown window."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     fail(store, p, 0, 3)
     probe = admit(store, p, 10)
     assert probe is not None
@@ -116,9 +144,9 @@ def test_successful_probe_closes_and_forgets_history() -> None:
     assert store.snapshot(40)[0].retry_at == 50
 
 
-def test_failed_probe_multiplies_the_window_up_to_the_cap() -> None:
+def test_failed_probe_multiplies_the_window_up_to_the_cap(make_store: MakeStore) -> None:
     """Each failed probe doubles the window, never above max_cooldown."""
-    store, p = MemoryStore(), policy(cooldown=10, max_cooldown=35)
+    store, p = make_store(), policy(cooldown=10, max_cooldown=35)
     fail(store, p, 0, 3)
     now, windows = 0.0, []
     for _ in range(4):
@@ -130,9 +158,9 @@ def test_failed_probe_multiplies_the_window_up_to_the_cap() -> None:
     assert windows == [20, 35, 35, 35]
 
 
-def test_failures_while_open_do_not_extend_the_window() -> None:
+def test_failures_while_open_do_not_extend_the_window(make_store: MakeStore) -> None:
     """Failures recorded for requests admitted before opening leave retry_at alone."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     late = [admit(store, p, 0) for _ in range(5)]
     fail(store, p, 0, 3)
     for ticket in late:
@@ -141,9 +169,9 @@ def test_failures_while_open_do_not_extend_the_window() -> None:
     assert store.snapshot(5)[0].retry_at == 10
 
 
-def test_stale_success_cannot_close_an_open_scope() -> None:
+def test_stale_success_cannot_close_an_open_scope(make_store: MakeStore) -> None:
     """A slow request admitted before the circuit opened succeeds afterwards: the scope stays open."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     slow = admit(store, p, 0)
     fail(store, p, 0, 3)
     assert slow is not None
@@ -152,9 +180,9 @@ def test_stale_success_cannot_close_an_open_scope() -> None:
     assert admit(store, p, 1) is None
 
 
-def test_stale_ticket_cannot_close_or_extend_a_newer_generation() -> None:
+def test_stale_ticket_cannot_close_or_extend_a_newer_generation(make_store: MakeStore) -> None:
     """Tickets from a half-open generation cannot touch the scope once it reopened."""
-    store, p = MemoryStore(), policy(half_open_probes=2)
+    store, p = make_store(), policy(half_open_probes=2)
     fail(store, p, 0, 3)
     first, second = admit(store, p, 10), admit(store, p, 10)
     assert first is not None and second is not None
@@ -165,9 +193,9 @@ def test_stale_ticket_cannot_close_or_extend_a_newer_generation() -> None:
     assert (snap.state, snap.retry_at) == (State.OPEN, 30)
 
 
-def test_stale_failure_from_before_a_heal_is_ignored() -> None:
+def test_stale_failure_from_before_a_heal_is_ignored(make_store: MakeStore) -> None:
     """A request admitted before a scope healed cannot count against the fresh closed scope."""
-    store = MemoryStore()
+    store = make_store()
     with pytest.warns(UserWarning, match="failure_threshold is 1"):
         p = policy(failure_threshold=1)
     old = admit(store, p, 0)
@@ -179,9 +207,9 @@ def test_stale_failure_from_before_a_heal_is_ignored() -> None:
     assert len(store) == 0
 
 
-def test_concurrent_failures_during_an_outage_all_count() -> None:
+def test_concurrent_failures_during_an_outage_all_count(make_store: MakeStore) -> None:
     """Requests admitted while healthy that fail together open the scope."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     tickets = [admit(store, p, 0) for _ in range(3)]
     for ticket in tickets:
         assert ticket is not None
@@ -189,9 +217,9 @@ def test_concurrent_failures_during_an_outage_all_count() -> None:
     assert state(store) is State.OPEN
 
 
-def test_releasing_a_cancelled_probe_frees_its_slot() -> None:
+def test_releasing_a_cancelled_probe_frees_its_slot(make_store: MakeStore) -> None:
     """A cancelled probe gives its slot back, so the scope cannot stay stuck half-open."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     fail(store, p, 0, 3)
     probe = admit(store, p, 10)
     assert probe is not None
@@ -203,9 +231,9 @@ def test_releasing_a_cancelled_probe_frees_its_slot() -> None:
     assert admit(store, p, 10) is None
 
 
-def test_neutral_results_neither_count_nor_reset() -> None:
+def test_neutral_results_neither_count_nor_reset(make_store: MakeStore) -> None:
     """A neutral 4xx leaves the failure count as it was, and frees a probe slot."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     fail(store, p, 0, 2)
     ticket = admit(store, p, 0)
     assert ticket is not None
@@ -219,9 +247,9 @@ def test_neutral_results_neither_count_nor_reset() -> None:
     assert admit(store, p, 10) is not None
 
 
-def test_success_on_one_scope_never_touches_another() -> None:
+def test_success_on_one_scope_never_touches_another(make_store: MakeStore) -> None:
     """Model X's open scope stays open while model Y's requests succeed on the same host."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     for _ in range(3):
         ticket = admit(store, p, 0, model="x")
         assert ticket is not None
@@ -233,17 +261,17 @@ def test_success_on_one_scope_never_touches_another() -> None:
     assert admit(store, p, 1, model="y") is not None
 
 
-def test_connect_failures_open_the_origin_for_every_model() -> None:
+def test_connect_failures_open_the_origin_for_every_model(make_store: MakeStore) -> None:
     """An origin-scope failure keeps every model of that host out."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     fail(store, p, 0, 3, verdict=CONNECT_FAIL)
     assert admit(store, p, 1, model="other") is None
     assert admit(store, p, 1, model="") is None
 
 
-def test_failure_rate_opens_on_a_partial_outage() -> None:
+def test_failure_rate_opens_on_a_partial_outage(make_store: MakeStore) -> None:
     """Alternating success and failure opens the scope once minimum_calls results are in."""
-    store = MemoryStore()
+    store = make_store()
     p = policy(failure_rate=FailureRate(threshold=0.5, window=10, minimum_calls=10))
     now = 0.0
     for i in range(9):
@@ -262,9 +290,9 @@ def test_failure_rate_opens_on_a_partial_outage() -> None:
     assert state(store) is State.OPEN
 
 
-def test_failure_rate_ages_old_results_out() -> None:
+def test_failure_rate_ages_old_results_out(make_store: MakeStore) -> None:
     """Failures older than the window no longer count toward the rate."""
-    store = MemoryStore()
+    store = make_store()
     p = policy(
         failure_threshold=100, failure_rate=FailureRate(threshold=0.5, window=10, minimum_calls=4)
     )
@@ -279,9 +307,9 @@ def test_failure_rate_ages_old_results_out() -> None:
     assert state(store) in (State.CLOSED, None)
 
 
-def test_observe_mode_never_refuses_but_reports_the_same_transitions() -> None:
+def test_observe_mode_never_refuses_but_reports_the_same_transitions(make_store: MakeStore) -> None:
     """With enforce off, requests are admitted (marked shadow) and transitions still happen."""
-    store, p = MemoryStore(), policy(enforce=False)
+    store, p = make_store(), policy(enforce=False)
     fail(store, p, 0, 3)
     assert state(store) is State.OPEN
     shadow = store.admit(facts(store), p, 1)
@@ -296,9 +324,9 @@ def test_observe_mode_never_refuses_but_reports_the_same_transitions() -> None:
     assert len(store) == 0
 
 
-def test_reason_suspensions_use_their_own_windows() -> None:
+def test_reason_suspensions_use_their_own_windows(make_store: MakeStore) -> None:
     """A 401 suspends the credential scope for invalid_credential's initial window."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     v = Verdict(Kind.SUSPEND, INVALID_CREDENTIAL, ScopeKind.CREDENTIAL, failover=True)
     fail(store, p, 0, 1, verdict=v)
     snap = store.snapshot(0)[0]
@@ -309,10 +337,10 @@ def test_reason_suspensions_use_their_own_windows() -> None:
 
 @pytest.mark.parametrize(("retry_after", "expected"), [(2.0, 2.0), (None, 1.0), (3600.0, 60.0)])
 def test_retry_after_sets_the_window_within_the_reason_cap(
-    retry_after: float | None, expected: float
+    retry_after: float | None, expected: float, make_store: MakeStore
 ) -> None:
     """Retry-After sets a rate limit's window, bounded by the reason's max."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     v = Verdict(
         Kind.SUSPEND,
         RATE_LIMITED,
@@ -324,9 +352,9 @@ def test_retry_after_sets_the_window_within_the_reason_cap(
     assert store.snapshot(0)[0].retry_at == expected
 
 
-def test_unbounded_reason_lasts_until_cleared() -> None:
+def test_unbounded_reason_lasts_until_cleared(make_store: MakeStore) -> None:
     """A reason whose max is null stays open until an operator clears it."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
     s = Suspensions.model_validate({"invalid_credential": {"initial": 60, "max": None}})
     ticket = admit(store, p, 0)
     assert ticket is not None
@@ -340,9 +368,9 @@ def test_unbounded_reason_lasts_until_cleared() -> None:
     assert admit(store, p, 1) is not None
 
 
-def test_store_is_bounded() -> None:
+def test_store_is_bounded(make_store: MakeStore) -> None:
     """Past max_scopes the oldest scopes are forgotten; memory stays bounded."""
-    store, p = MemoryStore(max_scopes=50), policy()
+    store, p = make_store(max_scopes=50), policy()
     for i in range(500):
         ticket = store.admit(facts(store, origin=f"https://h{i}:443"), p, 0).ticket
         assert ticket is not None
@@ -350,9 +378,9 @@ def test_store_is_bounded() -> None:
     assert len(store) == 50
 
 
-def test_healthy_admission_computes_no_key() -> None:
+def test_healthy_admission_computes_no_key(make_store: MakeStore) -> None:
     """On an origin with nothing unhealthy, admission neither parses the body nor hashes the credential."""
-    store, p = MemoryStore(), policy()
+    store, p = make_store(), policy()
 
     class Exploding(dict[str, str]):
         def get(self, *_: object) -> str:  # type: ignore[override]

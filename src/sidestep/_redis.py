@@ -1,0 +1,613 @@
+"""Circuit state shared across processes and hosts: `RedisStore`.
+
+Every store operation is one run of one Lua script (`_redis_scripts`) on the
+server, so processes and hosts share circuits, generations and probe slots
+atomically, and the server's clock decides windows. When Redis does not
+answer within ``timeout``, the store serves from a local `MemoryStore` and
+goes back to Redis once it answers again. Only this module imports redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import itertools
+import math
+import re
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
+
+import anyio.to_thread
+import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript, Script
+from redis.retry import Retry
+
+from . import _circuit as circuit
+from ._circuit import State
+from ._classify import Kind, Verdict
+from ._redis_scripts import SCRIPT
+from ._scopes import Fingerprinter, ScopeFacts, ScopeKey, ScopeKind
+from ._store import (
+    DEFAULT_MAX_SCOPES,
+    Admission,
+    MemoryStore,
+    Refusal,
+    ScopeStatus,
+    Ticket,
+    Transition,
+)
+from .logging import emit
+
+if TYPE_CHECKING:
+    from ._config import BreakerPolicy, Suspensions
+
+__all__ = ["RedisStore"]
+
+DEFAULT_TIMEOUT = 0.25
+# A probe's verdict is recorded at its first body byte, so the lease covers
+# the time to first byte: a minute outlasts a slow non-streamed completion,
+# and bounds how long a process that died holding a probe keeps the scope shut.
+DEFAULT_PROBE_LEASE = 60.0
+DEFAULT_TTL = 3600.0
+DEFAULT_RETRY_INTERVAL = 1.0
+
+# How the script answers an admission or a verdict.
+_HEALTHY, _NEED_KEYS, _ADMITTED, _REFUSED = 0, 1, 2, 3
+# Redis errors and socket errors alike mean "serve from memory for now".
+_UNAVAILABLE = (redis.RedisError, OSError)
+# A verdict on a ticket Redis issued can only go to Redis (a lost probe verdict
+# would hold its slot until the lease ends), so it is tried even while Redis is
+# deemed down: only requests already in flight when it went away have such tickets.
+_ALWAYS_TRIED = frozenset({"record", "release"})
+_SCOPE_ID = re.compile(r"[0-9a-f]{16}")
+# Origins seen unhealthy are remembered so their admissions carry the scope keys
+# in the first round trip; more than this and the memory starts afresh.
+_MAX_HOT = 1024
+
+T = TypeVar("T")
+_Steps = Generator[list[str], Any, T]
+
+
+class _RedisTicket(Ticket):
+    """A ticket Redis issued: its verdict goes to Redis (a fallback ticket's stays local)."""
+
+    __slots__ = ("token",)
+
+    def __init__(
+        self,
+        facts: ScopeFacts,
+        seq: int,
+        generations: dict[ScopeKey, int] | None = None,
+        probes: tuple[ScopeKey, ...] = (),
+        *,
+        shadow: bool = False,
+        token: str = "",
+    ) -> None:
+        super().__init__(facts, seq, generations, probes, shadow)
+        self.token = token  # names this request's probe leases
+
+
+class RedisStore:
+    """Circuit state in Redis, shared by every process and host that uses the same `prefix`.
+
+    Args:
+        url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``,
+            ``unix://``); the password never appears in logs, errors or reprs.
+        prefix: every key lives under ``prefix:``.
+        fingerprint_key: the shared secret for credential fingerprints; give
+            every process the same one, or credential scopes are not shared.
+        probe_lease: seconds a half-open probe holds its slot before it is
+            given to another request (default 60): a process that dies
+            holding a probe frees it when the lease ends.
+        timeout: seconds to connect, and per command; slower counts as down.
+        ttl: seconds a key outlives the last change to its scope (a closed
+            scope's failure count, an open scope past its window, an origin's
+            bookkeeping): after healing, nothing stays behind longer.
+        max_scopes: the most scopes kept; past it the one closest to
+            expiring is forgotten.
+        retry_interval: while Redis is down, try it again at most this often.
+
+    While Redis is unreachable or slow, the store serves from a local
+    `MemoryStore`, emits ``store.unavailable`` and counts ``fallbacks``; each
+    ticket's verdict goes back to the store that issued it (one Redis issued
+    is dropped if Redis does not take it).
+
+    Under asyncio the ``*_async`` methods use ``redis.asyncio`` (one client
+    per event loop: close it with `aclose`); under other event loops (trio)
+    they run the sync client in a worker thread.
+
+    Example:
+        >>> store = sidestep.RedisStore("redis://:pw@redis:6379/0", fingerprint_key=secret)
+        >>> client = httpx.Client(transport=sidestep.FailoverTransport(config, store=store))
+    """
+
+    blocking = True
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "sidestep",
+        fingerprint_key: bytes | str | None = None,
+        probe_lease: float | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        ttl: float = DEFAULT_TTL,
+        max_scopes: int = DEFAULT_MAX_SCOPES,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL,
+    ) -> None:
+        self._where = _display(url)
+        for name, value in (("timeout", timeout), ("ttl", ttl), ("probe_lease", probe_lease)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive")
+        if max_scopes < 1:
+            raise ValueError("max_scopes must be at least 1")
+        if retry_interval < 0:
+            raise ValueError("retry_interval must not be negative")
+        if not prefix:
+            raise ValueError("prefix must not be empty")
+        self.fingerprint = Fingerprinter(fingerprint_key)
+        self.fallbacks = 0  # Redis calls that failed and were served locally (or dropped)
+        self._url = url
+        self._prefix = prefix
+        self._lease_ms = _ms(probe_lease or DEFAULT_PROBE_LEASE)
+        self._ttl_ms = _ms(ttl)
+        self._max = str(max_scopes)
+        self._retry_interval = retry_interval
+        self._options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "decode_responses": True,
+        }
+        try:
+            self._client = redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **self._options)
+        except ValueError:
+            raise ValueError(f"not a usable Redis URL: {self._where}") from None
+        self._script: Script = self._client.register_script(SCRIPT)
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncScript] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._fallback = MemoryStore(max_scopes=max_scopes)
+        self._lock = threading.Lock()
+        self._down = False
+        self._retry_at = 0.0
+        self._hot: dict[str, None] = {}
+        self._token_base = secrets.token_hex(6) + "."
+        self._tokens = itertools.count()
+        # Private test hook: windows follow the caller's `now` instead of the
+        # server's clock, so fake-clock tests drive MemoryStore and RedisStore alike.
+        self._caller_clock = False
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self._where!r}, prefix={self._prefix!r})"
+
+    def __len__(self) -> int:
+        """The scopes kept under the prefix (the local fallback's while Redis is down)."""
+        return int(self._run("count", self._one("count"), self._fallback.__len__))
+
+    def close(self) -> None:
+        """Close the connections of the sync client."""
+        self._client.close()
+
+    async def aclose(self) -> None:
+        """Close the connections of this event loop's async client, and the sync client's."""
+        script = self._async.pop(asyncio.get_running_loop(), None) if _on_asyncio() else None
+        if script is not None:
+            await script.registered_client.aclose()
+        self.close()
+
+    # -- the protocol ------------------------------------------------------------------
+
+    def admit(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission:
+        return self._run(
+            "admit", self._admit(facts, policy, now), self._local_admit(facts, policy, now)
+        )
+
+    def record(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]:
+        return self._run(
+            "record", self._record(ticket, verdict, policy, suspensions, now), _nothing
+        )
+
+    def release(self, ticket: Ticket) -> None:
+        self._run("release", self._release(ticket), _none)
+
+    def snapshot(self, now: float) -> list[ScopeStatus]:
+        return self._run(
+            "snapshot", self._snapshot(now), functools.partial(self._fallback.snapshot, now)
+        )
+
+    def clear(self, scope_id: str) -> bool:
+        if not _SCOPE_ID.fullmatch(scope_id):
+            return self._fallback.clear(scope_id)
+        steps = self._one("clear", scope_id)
+        return bool(self._run("clear", steps, functools.partial(self._fallback.clear, scope_id)))
+
+    async def admit_async(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission:
+        if not _on_asyncio():
+            return await anyio.to_thread.run_sync(self.admit, facts, policy, now)
+        return await self._run_async(
+            "admit", self._admit(facts, policy, now), self._local_admit(facts, policy, now)
+        )
+
+    async def record_async(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]:
+        if not _on_asyncio():
+            return await anyio.to_thread.run_sync(
+                self.record, ticket, verdict, policy, suspensions, now
+            )
+        steps = self._record(ticket, verdict, policy, suspensions, now)
+        return await self._run_async("record", steps, _nothing)
+
+    async def release_async(self, ticket: Ticket) -> None:
+        if not _on_asyncio():
+            return await anyio.to_thread.run_sync(self.release, ticket)
+        return await self._run_async("release", self._release(ticket), _none)
+
+    # -- the operations, as steps: each yields the script's arguments, gets its reply ----
+
+    def _admit(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> _Steps[Admission]:
+        # An origin last seen healthy is asked about first without keys, so the
+        # healthy path never parses a body or hashes a credential; one seen
+        # unhealthy sends its keys at once. Either way: one round trip, unless
+        # the origin changed since this process last looked.
+        keys = facts.keys() if facts.origin in self._hot else ()
+        token = self._token(keys)
+        reply = yield self._admit_args(facts, keys, token, policy, now)
+        if reply[0] == _NEED_KEYS:
+            keys = facts.keys()
+            token = self._token(keys)
+            reply = yield self._admit_args(facts, keys, token, policy, now)
+        status, seq, sick, gens, probes, refused, changes = reply
+        self._note(facts.origin, sick)
+        if status == _HEALTHY:
+            return Admission(_RedisTicket(facts, int(seq)))
+        refusal = None
+        if refused:
+            index, state, reason, retry_in = refused
+            refusal = Refusal(keys[index - 1], State(state), reason or None, now + float(retry_in))
+        if status == _REFUSED:
+            return Admission(None, refusal)
+        ticket = _RedisTicket(
+            facts,
+            int(seq),
+            {key: int(g) for key, g in zip(keys, gens, strict=True)},
+            tuple(keys[i - 1] for i in probes),
+            shadow=refusal is not None,
+            token=token,
+        )
+        return Admission(ticket, refusal, _transitions(keys, changes))
+
+    def _admit_args(
+        self,
+        facts: ScopeFacts,
+        keys: Sequence[ScopeKey],
+        token: str,
+        policy: BreakerPolicy,
+        now: float,
+    ) -> list[str]:
+        return [
+            *self._head("admit", now),
+            _origin_hash(facts.origin),
+            str(policy.half_open_probes),
+            "1" if policy.enforce else "0",
+            self._lease_ms,
+            token,
+            str(len(keys)),
+            *(key.scope_id for key in keys),
+        ]
+
+    def _record(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> _Steps[tuple[Transition, ...]]:
+        if not isinstance(ticket, _RedisTicket):
+            return self._fallback.record(ticket, verdict, policy, suspensions, now)
+        if ticket.done:
+            return ()
+        ticket.done = True
+        if ticket.shadow:
+            return ()  # observe mode: enforcing would never have sent it
+        origin = ticket.facts.origin
+        keys: tuple[ScopeKey, ...]
+        if verdict.kind is Kind.SUCCESS:
+            if ticket.generations is None and not ticket.probes and origin not in self._hot:
+                reply = yield self._record_args(ticket, None, now)
+                self._note(origin, reply[1])
+                if reply[0] != _NEED_KEYS:
+                    return ()  # the healthy path: nothing kept, nothing to reset
+            keys = ticket.facts.keys()
+        elif verdict.kind is Kind.NEUTRAL or verdict.scope is None:
+            keys = ()
+            if not ticket.probes:
+                return ()
+        else:
+            keys = (ticket.facts.key(verdict.scope),)
+        args = self._record_args(ticket, keys, now)
+        if keys:
+            args += _verdict_args(verdict, policy, suspensions)
+        _, sick, changes = yield args
+        self._note(origin, sick)
+        return _transitions(keys, changes)
+
+    def _release(self, ticket: Ticket) -> _Steps[None]:
+        if not isinstance(ticket, _RedisTicket):
+            return self._fallback.release(ticket)
+        if ticket.done:
+            return None
+        ticket.done = True
+        if ticket.probes:
+            yield self._record_args(ticket, (), 0.0)
+        return None
+
+    def _record_args(
+        self, ticket: _RedisTicket, keys: Sequence[ScopeKey] | None, now: float
+    ) -> list[str]:
+        """The ticket's part of the record script's arguments; `keys` None asks whether
+        the origin is unhealthy, no keys only releases probe slots."""
+        gens = ticket.generations or {}
+        args = [
+            *self._head("record", now),
+            _origin_hash(ticket.facts.origin),
+            str(ticket.seq),
+            ticket.token,
+            str(len(ticket.probes)),
+        ]
+        for key in ticket.probes:
+            args += (key.scope_id, str(gens.get(key, 0)))
+        if keys is None:
+            return [*args, "-1"]
+        args.append(str(len(keys)))
+        for key in keys:
+            args += (
+                key.scope_id,
+                str(gens.get(key, 0)),
+                key.kind.value,
+                key.origin,
+                key.credential,
+                key.model,
+            )
+        return args
+
+    def _snapshot(self, now: float) -> _Steps[list[ScopeStatus]]:
+        rows = yield [*self._head("snapshot", now)]
+        statuses = []
+        for sid, kind, origin, credential, model, state, reason, failures, retry_in in rows:
+            s = State(state)
+            rel = float(retry_in)
+            closed = s is State.CLOSED
+            statuses.append(
+                ScopeStatus(
+                    scope_id=sid,
+                    scope=ScopeKey(ScopeKind(kind), origin, credential, model),
+                    state=s,
+                    reason=reason or None,
+                    failures=int(failures),
+                    retry_at=0.0 if closed else now + rel,
+                    retry_in=_retry_in(rel) if s is State.OPEN else 0.0,
+                )
+            )
+        return statuses
+
+    def _one(self, op: str, *args: str) -> _Steps[Any]:
+        return (yield [*self._head(op, 0.0), *args])
+
+    def _head(self, op: str, now: float) -> list[str]:
+        return [
+            op,
+            self._prefix,
+            repr(now),
+            "1" if self._caller_clock else "0",
+            self._ttl_ms,
+            self._max,
+        ]
+
+    # -- driving the steps: against Redis, else locally ----------------------------------
+
+    def _run(self, op: str, steps: _Steps[T], otherwise: Callable[[], T]) -> T:
+        try:
+            request = next(steps)  # decisions that need no server come first
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        if self._usable(op):
+            try:
+                while True:
+                    reply = self._script(keys=(), args=request)
+                    self._answered()
+                    request = steps.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            except _UNAVAILABLE as exc:
+                self._unavailable(op, exc)
+        steps.close()
+        return otherwise()
+
+    async def _run_async(self, op: str, steps: _Steps[T], otherwise: Callable[[], T]) -> T:
+        try:
+            request = next(steps)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        if self._usable(op):
+            script = self._async_script()
+            try:
+                while True:
+                    reply = await script(keys=(), args=request)
+                    self._answered()
+                    request = steps.send(reply)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            except _UNAVAILABLE as exc:
+                self._unavailable(op, exc)
+        steps.close()
+        return otherwise()
+
+    def _async_script(self) -> AsyncScript:
+        """This event loop's script (an asyncio client is bound to the loop it runs on)."""
+        loop = asyncio.get_running_loop()
+        script = self._async.get(loop)
+        if script is None:
+            with self._lock:  # loops in several threads may share the store
+                script = self._async.get(loop)
+                if script is None:
+                    client = redis.asyncio.Redis.from_url(
+                        self._url, retry=AsyncRetry(NoBackoff(), 0), **self._options
+                    )
+                    script = self._async[loop] = client.register_script(SCRIPT)
+        return script
+
+    def _local_admit(
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float
+    ) -> Callable[[], Admission]:
+        return functools.partial(self._fallback.admit, facts, policy, now)
+
+    # -- availability ---------------------------------------------------------------------
+
+    def _usable(self, op: str) -> bool:
+        return not self._down or op in _ALWAYS_TRIED or time.monotonic() >= self._retry_at
+
+    def _unavailable(self, op: str, exc: BaseException) -> None:
+        with self._lock:
+            self.fallbacks += 1
+            self._down = True
+            self._retry_at = time.monotonic() + self._retry_interval
+            count = self.fallbacks
+        # The exception's type only: its text is the client library's to word.
+        emit(
+            "store.unavailable",
+            store="redis",
+            server=self._where,
+            operation=op,
+            error=type(exc).__name__,
+            retry_in_s=self._retry_interval,
+            fallbacks=count,
+        )
+
+    def _answered(self) -> None:
+        if not self._down:
+            return
+        with self._lock:
+            was, self._down = self._down, False
+        if was:
+            emit("store.recovered", store="redis", server=self._where)
+
+    # -- small helpers ----------------------------------------------------------------------
+
+    def _note(self, origin: str, unhealthy: Any) -> None:
+        """Remember whether `origin` has unhealthy scopes, for the next admission's shape."""
+        if int(unhealthy):
+            if origin not in self._hot:
+                if len(self._hot) >= _MAX_HOT:
+                    self._hot.clear()
+                self._hot[origin] = None
+        else:
+            self._hot.pop(origin, None)
+
+    def _token(self, keys: Sequence[ScopeKey]) -> str:
+        """A name for this admission's probe leases (none needed without keys)."""
+        return f"{self._token_base}{next(self._tokens)}" if keys else ""
+
+
+def _transitions(keys: Sequence[ScopeKey], changes: list[Any]) -> tuple[Transition, ...]:
+    return tuple(
+        Transition(
+            scope=keys[index - 1],
+            state=State(state),
+            previous=State(previous),
+            reason=reason or None,
+            failures=int(failures),
+            retry_in=_retry_in(float(retry_in)),
+        )
+        for index, state, previous, reason, failures, retry_in in changes
+    )
+
+
+def _verdict_args(verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensions) -> list[str]:
+    window = suspensions.window(verdict.reason or "") if verdict.kind is Kind.SUSPEND else None
+    rate = policy.failure_rate
+    return [
+        verdict.kind.value,
+        verdict.reason or "",
+        circuit.UNAVAILABLE,
+        _opt(verdict.retry_after),
+        str(policy.failure_threshold),
+        repr(policy.cooldown),
+        repr(policy.max_cooldown),
+        repr(policy.backoff_multiplier),
+        _opt(window.initial if window else None),
+        _opt(window.max if window else None),
+        _opt(rate.threshold if rate else None),
+        _opt(rate.window if rate else None),
+        _opt(rate.minimum_calls if rate else None),
+        str(circuit.RATE_BUCKETS),
+    ]
+
+
+def _retry_in(seconds: float) -> float | None:
+    return None if math.isinf(seconds) else max(0.0, seconds)
+
+
+def _opt(value: float | None) -> str:
+    return "" if value is None else repr(value)
+
+
+def _ms(seconds: float) -> str:
+    return str(max(1, math.ceil(seconds * 1000)))
+
+
+def _nothing() -> tuple[Transition, ...]:
+    return ()
+
+
+def _none() -> None:
+    return None
+
+
+def _on_asyncio() -> bool:
+    """Running under asyncio (redis.asyncio works there; elsewhere a worker thread does)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def _origin_hash(origin: str) -> str:
+    return hashlib.blake2b(origin.encode(), digest_size=8).hexdigest()
+
+
+def _display(url: str) -> str:
+    """The server as logs may show it: scheme, host and port; never userinfo, path or query."""
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "[invalid Redis URL]"
+    if parts.scheme == "unix":
+        return "unix://"
+    shown = f"[{host}]" if host and ":" in host else host or "localhost"
+    return f"{parts.scheme}://{shown}:{port or 6379}"

@@ -1,0 +1,416 @@
+"""The Lua script behind `RedisStore`: every store operation as one atomic step on the server.
+
+It is `_circuit` and `MemoryStore` transcribed, so that processes sharing a
+Redis see exactly what threads sharing a `MemoryStore` see. One script holds
+every operation (``ARGV[1]`` names it), so one SHA is loaded once per server.
+
+Keys, all under the prefix ``P`` (hashes only: no model, path or credential
+is part of a key's name):
+
+- ``P:s:<scope_id>`` — one unhealthy scope: a hash of the `Circuit` fields, its
+  probe leases and its `ScopeKey` parts (origin, kind, credential
+  fingerprint, model) for snapshots;
+- ``P:o:<origin hash>`` — a sorted set of an origin's scopes, scored by when
+  each expires: while it counts none, admission needs no key at all;
+- ``P:f:<origin hash>`` — the sequence number of the last time one of that
+  origin's scopes was forgotten (the staleness rule of healthy tickets);
+- ``P:i`` — every scope, scored by expiry: the cap, snapshots and counts;
+- ``P:seq`` — the generation sequence.
+
+Two clocks: windows follow ``now`` — the server's ``TIME`` in seconds, or the
+caller's clock when the private test hook asks for it — and times go back
+relative to it, for the caller to put on its own clock. Expiry, leases and
+the sequence follow the server's real clock in milliseconds, so keys expire
+as Redis sees time pass. Every step of the sequence is at least the
+server's time in milliseconds times 1000, so it never goes back, and a
+generation is never reused, even after its key expired.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SCRIPT"]
+
+SCRIPT = r"""
+local pos = 0
+local function arg() pos = pos + 1; return ARGV[pos] end
+
+local op, P = arg(), arg()
+local caller_now, caller_clock = tonumber(arg()), arg() == '1'
+local TTL, MAX = tonumber(arg()), tonumber(arg())
+local time = redis.call('TIME')
+local real = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+if caller_clock then now = caller_now end
+
+local INF = math.huge
+local SEQ, IDX = P .. ':seq', P .. ':i'
+local function skey(sid) return P .. ':s:' .. sid end
+local function okey(oh) return P .. ':o:' .. oh end
+local function fkey(oh) return P .. ':f:' .. oh end
+-- Numbers always cross into Redis as text written here: its own conversion
+-- would round large integers.
+local function num(x) return string.format('%.17g', x) end
+local function int(x) return string.format('%d', x) end
+
+-- the sequence -------------------------------------------------------------------
+local function seq()
+  local s = redis.call('GET', SEQ)
+  if s then return tonumber(s) end
+  return real * 1000 - 1
+end
+local function peek() return math.max(seq() + 1, real * 1000) end
+local function bump()
+  local s = peek()
+  redis.call('SET', SEQ, int(s), 'PX', int(TTL))
+  return s
+end
+
+-- one scope's hash -------------------------------------------------------------------
+local function leases(text)
+  local out = {}
+  for token, until_ms in string.gmatch(text or '', '([^;=]+)=(%d+)') do
+    if tonumber(until_ms) > real then out[#out + 1] = {token, until_ms} end
+  end
+  return out
+end
+local function buckets(text)
+  local out = {}
+  for i, s, f in string.gmatch(text or '', '(-?%d+):(%d+):(%d+)') do
+    out[#out + 1] = {tonumber(i), tonumber(s), tonumber(f)}
+  end
+  return out
+end
+local function join(list, show)
+  local parts = {}
+  for i, item in ipairs(list) do parts[i] = show(item) end
+  return table.concat(parts, ';')
+end
+local function show_lease(l) return l[1] .. '=' .. l[2] end
+local function show_bucket(b) return int(b[1]) .. ':' .. int(b[2]) .. ':' .. int(b[3]) end
+
+local function load(sid)
+  local v = redis.call('HMGET', skey(sid), 'st', 'f', 'g', 'b', 'r', 'w', 'rs', 'pl', 'rt', 'oh')
+  if not v[1] then return nil end
+  return {st = v[1], f = tonumber(v[2]), g = tonumber(v[3]), b = tonumber(v[4]),
+          r = tonumber(v[5]), w = tonumber(v[6]), rs = v[7], pl = leases(v[8]),
+          rt = buckets(v[9]), oh = v[10]}
+end
+local function save(sid, c)
+  redis.call('HSET', skey(sid), 'st', c.st, 'f', int(c.f), 'g', int(c.g), 'b', int(c.b),
+             'r', num(c.r), 'w', num(c.w), 'rs', c.rs, 'pl', join(c.pl, show_lease),
+             'rt', join(c.rt, show_bucket))
+end
+
+-- expiry and the indexes -------------------------------------------------------------------
+local FLOOR = 0  -- ms a closed or half-open scope lives at least (probe lease, rate window)
+local function lifetime(c)
+  if c.st == 'open' then
+    if c.r == INF then return nil end
+    return math.max(0, (c.r - now) * 1000) + TTL
+  end
+  return math.max(TTL, FLOOR)
+end
+local function retime(key)  -- a sorted set lives as long as its longest-lived member
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #top == 0 then return end
+  if top[2] == 'inf' then redis.call('PERSIST', key) else redis.call('PEXPIREAT', key, top[2]) end
+end
+local function place(sid, oh, life)
+  local score = '+inf'
+  if life then
+    redis.call('PEXPIRE', skey(sid), int(math.ceil(life)))
+    score = int(real + math.ceil(life))
+  else
+    redis.call('PERSIST', skey(sid))
+  end
+  for _, z in ipairs({IDX, okey(oh)}) do
+    redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. int(real))
+    redis.call('ZADD', z, score, sid)
+    retime(z)
+  end
+end
+local function forget(sid, oh)
+  redis.call('DEL', skey(sid))
+  for _, z in ipairs({IDX, okey(oh)}) do
+    redis.call('ZREM', z, sid)
+    retime(z)
+  end
+  local s = int(seq())
+  redis.call('SET', SEQ, s, 'PX', int(TTL))
+  redis.call('SET', fkey(oh), s, 'PX', int(TTL))
+end
+local function make_room()  -- past the cap, the scope closest to expiring goes
+  redis.call('ZREMRANGEBYSCORE', IDX, '-inf', '(' .. int(real))
+  if redis.call('ZCARD', IDX) < MAX then return end
+  local victim = redis.call('ZRANGE', IDX, 0, 0)[1]
+  bump()
+  local oh = redis.call('HGET', skey(victim), 'oh')
+  if oh then forget(victim, oh) else redis.call('ZREM', IDX, victim) end
+end
+local function unhealthy(oh)
+  if redis.call('ZCOUNT', okey(oh), int(real), '+inf') > 0 then return 1 end
+  return 0
+end
+
+-- the state machine (_circuit.py) ----------------------------------------------------------
+local RATE, KIND, REASON, RETRY_AFTER, UNAVAILABLE
+local THRESHOLD, COOLDOWN, MAX_COOLDOWN, MULTIPLIER, INITIAL, MAXIMUM
+
+local function fresh()
+  return {st = 'closed', f = 0, g = 0, b = 0, r = 0, w = 0, rs = '', pl = {}, rt = {}}
+end
+local function copy(c, changes)
+  local n = {}
+  for k, v in pairs(c) do n[k] = v end
+  for k, v in pairs(changes) do n[k] = v end
+  return n
+end
+local function healthy(c) return c.st == 'closed' and c.f == 0 and #c.rt == 0 end
+local function open(c, reason, window, gen)
+  return {st = 'open', f = c.f, g = gen, b = c.b, r = now + window, w = window, rs = reason,
+          pl = {}, rt = {}}
+end
+local function count(rt, failed)
+  if not RATE then return {} end
+  local index = math.floor(now * RATE.buckets / RATE.window)
+  local kept = {}
+  for _, b in ipairs(rt) do
+    if b[1] > index - RATE.buckets then kept[#kept + 1] = b end
+  end
+  local last = {index, 0, 0}
+  if #kept > 0 and kept[#kept][1] == index then last = table.remove(kept) end
+  if failed then
+    last = {last[1], last[2], last[3] + 1}
+  else
+    last = {last[1], last[2] + 1, last[3]}
+  end
+  kept[#kept + 1] = last
+  return kept
+end
+local function tripped(rt)
+  if not RATE then return false end
+  local failures, total = 0, 0
+  for _, b in ipairs(rt) do
+    failures = failures + b[3]
+    total = total + b[2] + b[3]
+  end
+  return total >= RATE.minimum and failures >= RATE.threshold * total
+end
+local function on_success(c)
+  if c.st == 'half_open' then return fresh() end
+  if c.st == 'open' then return c end
+  local rt = {}
+  if #c.rt > 0 then rt = count(c.rt, false) end
+  local failed = false
+  for _, b in ipairs(rt) do if b[3] > 0 then failed = true end end
+  if not failed then rt = {} end
+  return copy(c, {f = 0, rt = rt})
+end
+local function on_failure(c, gen)
+  if c.st == 'open' then return c end
+  if c.st == 'half_open' then
+    local window = math.min(math.max(c.w, COOLDOWN) * MULTIPLIER, MAX_COOLDOWN)
+    return open(c, UNAVAILABLE, window, gen)
+  end
+  local f = c.f + 1
+  local rt = count(c.rt, true)
+  if f >= THRESHOLD or tripped(rt) then
+    return open(copy(c, {f = f}), UNAVAILABLE, COOLDOWN, gen)
+  end
+  return copy(c, {f = f, rt = rt})
+end
+local function on_suspension(c, gen)
+  if c.st == 'open' then return c end
+  local length
+  if RETRY_AFTER then
+    length = RETRY_AFTER
+    if MAXIMUM then length = math.min(RETRY_AFTER, MAXIMUM) end
+  elseif not MAXIMUM then
+    length = INF
+  elseif c.st == 'half_open' and c.rs == REASON then
+    length = math.min(c.w * MULTIPLIER, MAXIMUM)
+  else
+    length = INITIAL
+  end
+  return open(c, REASON, length, gen)
+end
+local function retry_in(c)
+  if c.st ~= 'open' then return '0' end
+  return num(math.max(0, c.r - now))
+end
+
+-- admission ----------------------------------------------------------------------------
+if op == 'admit' then
+  local oh, probes_max, enforce = arg(), tonumber(arg()), arg() == '1'
+  local lease, token, n = tonumber(arg()), arg(), tonumber(arg())
+  local sick = unhealthy(oh)
+  if n == 0 then
+    if sick == 1 then return {1, 0, 1, {}, {}, {}, {}} end
+    return {0, seq(), 0, {}, {}, {}, {}}
+  end
+  FLOOR = lease
+  local sids, cs, refusal = {}, {}, nil
+  for i = 1, n do
+    sids[i] = arg()
+    cs[i] = load(sids[i]) or false
+  end
+  -- Look first, change later: a refused request must not take probe slots.
+  for i = 1, n do
+    local c = cs[i]
+    if c and c.st == 'open' and now < c.r then
+      refusal = {i, c.st, c.rs, num(c.r - now)}
+      break
+    end
+    if c and c.st == 'half_open' and #c.pl >= probes_max then
+      refusal = {i, c.st, c.rs, '0'}
+      break
+    end
+  end
+  if refusal and enforce then return {3, seq(), sick, {}, {}, refusal, {}} end
+  local gens, probes, changes = {}, {}, {}
+  for i = 1, n do
+    local c = cs[i]
+    if not c then
+      gens[i] = 0
+    else
+      if not refusal and c.st ~= 'closed' then
+        if c.st == 'open' then  -- the window is over: the first probe of a new generation
+          c.g = bump()
+          c.st = 'half_open'
+          changes[#changes + 1] = {i, 'half_open', 'open', c.rs, c.f, '0'}
+        end
+        c.pl[#c.pl + 1] = {token, int(real + lease)}
+        save(sids[i], c)
+        place(sids[i], c.oh, lifetime(c))
+        probes[#probes + 1] = i
+      end
+      gens[i] = c.g
+    end
+  end
+  return {2, seq(), sick, gens, probes, refusal or {}, changes}
+end
+
+-- verdicts and releases ----------------------------------------------------------------------
+local function current(oh, ticket_seq, seen, c)
+  if seen ~= 0 then return c ~= nil and c.g == seen end
+  -- Admitted while the scope was healthy: current as long as the scope has not
+  -- been forgotten since, nor moved past the closed state it was born in.
+  local forgot = redis.call('GET', fkey(oh))
+  if forgot and tonumber(forgot) > ticket_seq then return false end
+  return c == nil or c.g == c.b
+end
+
+local function put(key, oh, before, after)
+  if healthy(after) then
+    if before then forget(key.sid, oh) end
+    return
+  end
+  if not before then
+    make_room()
+    redis.call('HSET', skey(key.sid), 'k', key.kind, 'o', key.origin, 'c', key.credential,
+               'm', key.model, 'oh', oh)
+  end
+  save(key.sid, after)
+  place(key.sid, oh, lifetime(after))
+end
+
+local function apply(i, key, oh, ticket_seq)
+  local before = load(key.sid)
+  if not current(oh, ticket_seq, key.seen, before) then return nil end
+  local c = before
+  if not c then
+    if KIND == 'success' then return nil end  -- healthy already
+    local g = bump()
+    c = copy(fresh(), {g = g, b = g})
+  end
+  local gen = peek()
+  local after
+  if KIND == 'success' then after = on_success(c)
+  elseif KIND == 'failure' then after = on_failure(c, gen)
+  else after = on_suspension(c, gen) end
+  if after == before then return nil end
+  if after.g == gen or (healthy(after) and c.st ~= 'closed') then bump() end
+  put(key, oh, before, after)
+  local previous = 'closed'
+  if before then previous = before.st end
+  if after.st == previous then return nil end
+  return {i, after.st, previous, after.rs, after.f, retry_in(after)}
+end
+
+local function release(sid, gen, token)
+  local c = load(sid)
+  if not c or c.g ~= gen or c.st ~= 'half_open' then return end
+  local kept = {}
+  for _, l in ipairs(c.pl) do
+    if l[1] ~= token then kept[#kept + 1] = l end
+  end
+  redis.call('HSET', skey(sid), 'pl', join(kept, show_lease))
+end
+
+if op == 'record' then
+  local oh, ticket_seq, token = arg(), tonumber(arg()), arg()
+  local probes = {}
+  for i = 1, tonumber(arg()) do probes[i] = {arg(), tonumber(arg())} end
+  local n = tonumber(arg())
+  if n < 0 then  -- a success admitted on a healthy origin: anything to reset?
+    local sick = unhealthy(oh)
+    return {sick, sick, {}}
+  end
+  local keys = {}
+  for i = 1, n do
+    keys[i] = {sid = arg(), seen = tonumber(arg()), kind = arg(), origin = arg(),
+               credential = arg(), model = arg()}
+  end
+  if n > 0 then
+    KIND, REASON, UNAVAILABLE = arg(), arg(), arg()
+    RETRY_AFTER = tonumber(arg())
+    THRESHOLD, COOLDOWN = tonumber(arg()), tonumber(arg())
+    MAX_COOLDOWN, MULTIPLIER = tonumber(arg()), tonumber(arg())
+    INITIAL, MAXIMUM = tonumber(arg()), tonumber(arg())
+    local threshold, window = tonumber(arg()), tonumber(arg())
+    local minimum, buckets_n = tonumber(arg()), tonumber(arg())
+    if threshold then
+      RATE = {threshold = threshold, window = window, minimum = minimum, buckets = buckets_n}
+      FLOOR = window * 1000
+    end
+  end
+  local changes, done = {}, {}
+  for i, key in ipairs(keys) do
+    done[key.sid] = true
+    local change = apply(i, key, oh, ticket_seq)
+    if change then changes[#changes + 1] = change end
+  end
+  for _, p in ipairs(probes) do
+    if not done[p[1]] then release(p[1], p[2], token) end
+  end
+  return {2, unhealthy(oh), changes}
+end
+
+-- operators ------------------------------------------------------------------------------------
+if op == 'snapshot' then
+  local out = {}
+  for _, sid in ipairs(redis.call('ZRANGE', IDX, int(real), '+inf', 'BYSCORE')) do
+    local v = redis.call('HMGET', skey(sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f', 'r')
+    if v[1] then
+      out[#out + 1] = {sid, v[1], v[2], v[3], v[4], v[5], v[6], tonumber(v[7]),
+                       num(tonumber(v[8]) - now)}
+    end
+  end
+  return out
+end
+
+if op == 'clear' then
+  local sid = arg()
+  local oh = redis.call('HGET', skey(sid), 'oh')
+  if not oh then return 0 end
+  bump()
+  forget(sid, oh)
+  return 1
+end
+
+if op == 'count' then
+  return redis.call('ZCOUNT', IDX, int(real), '+inf')
+end
+
+return redis.error_reply('sidestep: unknown operation')
+"""

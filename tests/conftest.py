@@ -1,0 +1,40 @@
+"""Fixtures shared by several test modules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from redis_server import RedisMissing, RedisServer
+
+# --- a real Redis for the shared-state tests (helpers in tests/redis_server.py) --------------
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """One redis-server on 127.0.0.1 for the session; a missing binary fails, never skips."""
+    try:
+        server = RedisServer()
+    except RedisMissing as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The session server's URL (password included), running again if a test stopped it."""
+    if not redis_server.running:
+        redis_server.start()
+    return redis_server.url
+
+
+# --- end of the Redis block ------------------------------------------------------------------

@@ -1,0 +1,657 @@
+"""RedisStore against a real Redis: shared across processes, leased probes, outages, redaction.
+
+The semantics themselves are pinned by tests/test_store.py, which runs every
+store test on both stores; here a random differential test holds RedisStore
+to MemoryStore's answers, and socket-level tests run the transports in four
+spawned worker processes sharing one prefix.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import redis
+import structlog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sidestep
+from drivers import route
+from redis_server import PASSWORD, RedisServer, fresh_prefix
+from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
+from sidestep._config import BreakerPolicy, FailureRate, Suspensions
+from sidestep._redis import RedisStore
+from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._store import Admission, MemoryStore, Ticket, Transition
+from upstream import Hang, Respond, Upstream, wait_for
+
+ORIGIN = "https://api.example:443"
+OK = Verdict(Kind.SUCCESS, None, None, failover=False)
+FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def store_on(url: str, **kw: Any) -> RedisStore:
+    """A store on a fresh prefix whose windows follow the caller's (fake) clock."""
+    store = RedisStore(url, prefix=kw.pop("prefix", None) or fresh_prefix(), **kw)
+    store._caller_clock = True
+    return store
+
+
+def facts(store: Any, model: str = "m", key: str = "k1") -> ScopeFacts:
+    return ScopeFacts(
+        ORIGIN,
+        headers={"authorization": f"Bearer {key}"},
+        userinfo="",
+        body=json.dumps({"model": model}).encode(),
+        fingerprint=store.fingerprint,
+    )
+
+
+def open_scope(store: Any, policy: BreakerPolicy, now: float = 0.0) -> None:
+    for _ in range(policy.failure_threshold):
+        ticket = store.admit(facts(store), policy, now).ticket
+        assert ticket is not None
+        store.record(ticket, FAIL, policy, Suspensions(), now)
+
+
+# --- the same answers as MemoryStore -------------------------------------------------------
+
+VERDICTS = [
+    OK,
+    FAIL,
+    Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True),
+    Verdict(Kind.NEUTRAL, "client_error", None, failover=False),
+    Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.CREDENTIAL_MODEL, failover=True, retry_after=3),
+    Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.CREDENTIAL_MODEL, failover=True),
+    Verdict(Kind.SUSPEND, INVALID_CREDENTIAL, ScopeKind.CREDENTIAL, failover=True),
+]
+POLICIES = [
+    BreakerPolicy(failure_threshold=2, cooldown=2, max_cooldown=8, half_open_probes=2),
+    BreakerPolicy(
+        failure_threshold=5,
+        cooldown=2,
+        max_cooldown=30,
+        failure_rate=FailureRate(threshold=0.5, window=10, minimum_calls=4),
+    ),
+    BreakerPolicy(failure_threshold=2, cooldown=2, max_cooldown=8, enforce=False),
+]
+SUSPENSION_SETS = [
+    Suspensions.model_validate({"invalid_credential": {"initial": 4, "max": 30}}),
+    Suspensions.model_validate({"invalid_credential": {"initial": 4, "max": 30}}),
+    Suspensions.model_validate({"invalid_credential": {"initial": 60, "max": None}}),
+]
+ADMIT = st.tuples(st.just("admit"), st.sampled_from(["m1", "m2"]), st.sampled_from(["k1", "k2"]))
+RECORD = st.tuples(st.just("record"), st.integers(0, 20), st.sampled_from(range(len(VERDICTS))))
+WAIT = st.tuples(st.just("wait"), st.sampled_from([0.5, 1.0, 2.5]))
+OPS = st.one_of(
+    ADMIT,
+    ADMIT,
+    ADMIT,
+    RECORD,
+    RECORD,
+    RECORD,
+    WAIT,
+    WAIT,
+    st.tuples(st.just("release"), st.integers(0, 20)),
+    st.tuples(st.just("clear"), st.integers(0, 20)),
+)
+
+
+def admission_view(a: Admission) -> tuple[Any, ...]:
+    t = a.ticket
+    return (
+        t is None,
+        t is not None and t.shadow,
+        tuple(sorted(k.key for k in t.probes)) if t is not None else (),
+        a.refusal,
+        transitions_view(a.transitions),
+    )
+
+
+def transitions_view(ts: tuple[Transition, ...]) -> list[Transition]:
+    return sorted(ts, key=lambda t: t.scope.key)
+
+
+def snapshot_view(store: Any, now: float) -> list[tuple[Any, ...]]:
+    return sorted(
+        (s.scope_id, s.scope, s.state, s.reason, s.failures, s.retry_at, s.retry_in)
+        for s in store.snapshot(now)
+    )
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    ops=st.lists(OPS, min_size=10, max_size=60),
+    policy=st.sampled_from(POLICIES),
+    suspensions=st.sampled_from(SUSPENSION_SETS),
+)
+def test_redis_store_answers_exactly_like_memory_store(
+    redis_url: str, ops: list[tuple[Any, ...]], policy: BreakerPolicy, suspensions: Suspensions
+) -> None:
+    """Any interleaving of admit, record, release, clear and time passing gets the same admissions, transitions and snapshots from both stores."""
+    memory = MemoryStore(fingerprint_key="same")
+    shared = store_on(redis_url, fingerprint_key="same")
+    tickets: list[tuple[Ticket, Ticket]] = []
+    now = 0.0
+    try:
+        for op in ops:
+            if op[0] == "admit":
+                m = memory.admit(facts(memory, op[1], op[2]), policy, now)
+                r = shared.admit(facts(shared, op[1], op[2]), policy, now)
+                assert admission_view(r) == admission_view(m)
+                if m.ticket is not None and r.ticket is not None:
+                    tickets.append((m.ticket, r.ticket))
+            elif op[0] == "record" and tickets:
+                mt, rt = tickets[-1 - op[1] % len(tickets)]  # mostly the latest
+                verdict = VERDICTS[op[2]]
+                expected = memory.record(mt, verdict, policy, suspensions, now)
+                got = shared.record(rt, verdict, policy, suspensions, now)
+                assert transitions_view(got) == transitions_view(expected)
+            elif op[0] == "release" and tickets:
+                mt, rt = tickets[op[1] % len(tickets)]
+                memory.release(mt)
+                shared.release(rt)
+            elif op[0] == "wait":
+                now += op[1]
+            elif op[0] == "clear":
+                ids = sorted(s.scope_id for s in memory.snapshot(now))
+                if ids:
+                    scope_id = ids[op[1] % len(ids)]
+                    assert shared.clear(scope_id) == memory.clear(scope_id)
+            assert snapshot_view(shared, now) == snapshot_view(memory, now)
+            assert len(shared) == len(memory)
+        assert shared.fallbacks == 0
+    finally:
+        shared.close()
+
+
+# --- one round trip, and no key on the healthy path ---------------------------------------------
+
+
+def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
+    """A healthy origin costs one script call per admission and per verdict; an origin known unhealthy sends its keys in the first call."""
+    store = store_on(redis_url)
+    calls: list[str] = []
+    script = store._script
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        calls.append(kw["args"][0])
+        return script(*args, **kw)
+
+    store._script = counting  # type: ignore[assignment]
+    p = BreakerPolicy(failure_threshold=3, cooldown=10)
+    ticket = store.admit(facts(store), p, 0).ticket
+    assert ticket is not None and ticket.generations is None
+    store.record(ticket, OK, p, Suspensions(), 0)
+    assert calls == ["admit", "record"]
+    open_scope(store, p)  # the first admission after the origin fell ill asks twice, once
+    calls.clear()
+    assert store.admit(facts(store), p, 1).ticket is None
+    assert store.admit(facts(store, model="other"), p, 1).ticket is not None
+    assert calls == ["admit", "admit"]
+    store.close()
+
+
+# --- the server's clock -----------------------------------------------------------------------
+
+
+def test_server_clock_decides_windows_and_times_return_on_each_callers_clock(
+    redis_url: str,
+) -> None:
+    """Two stores whose clocks are far apart see the same window, each on its own clock, and it ends when the server says so."""
+    prefix = fresh_prefix()
+    a, b = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
+    p = BreakerPolicy(failure_threshold=2, cooldown=0.4, max_cooldown=10)
+    changes: list[Transition] = []
+    for _ in range(2):
+        ticket = a.admit(facts(a), p, 1000.0).ticket
+        assert ticket is not None
+        changes += a.record(ticket, FAIL, p, Suspensions(), 1000.0)
+    (opened,) = changes
+    assert opened.retry_in == pytest.approx(0.4, abs=0.05)
+    refused = b.admit(facts(b), p, 5_000_000.0)  # the model's scope: no credential in it
+    assert refused.ticket is None and refused.refusal is not None
+    assert refused.refusal.retry_at == pytest.approx(5_000_000.4, abs=0.05)
+    (status,) = a.snapshot(1000.0)
+    assert status.retry_at == pytest.approx(1000.4, abs=0.05)
+    assert status.retry_in == pytest.approx(0.4, abs=0.05)
+    time.sleep(0.45)  # the server's clock moves; the callers' clocks say no time passed
+    probe = b.admit(facts(b), p, 5_000_000.0)
+    assert probe.ticket is not None and probe.ticket.probes
+    a.close()
+    b.close()
+
+
+# --- redaction ---------------------------------------------------------------------------------
+
+
+def test_password_never_appears_in_logs_errors_or_reprs(redis_server: RedisServer) -> None:
+    """Whether Redis answers, refuses the password or is unreachable, the URL's password shows up in no log event, error or repr."""
+    wrong = "wr0ng-" + PASSWORD
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead_port = closed.getsockname()[1]
+    closed.close()
+    urls = [
+        redis_server.url,
+        redis_server.url.replace(PASSWORD, wrong),
+        f"redis://user:{PASSWORD}@127.0.0.1:{dead_port}/0",
+    ]
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    with structlog.testing.capture_logs() as logs:
+        texts = []
+        for url in urls:
+            store = store_on(url)
+            open_scope(store, p)
+            texts += [repr(store), str(store.snapshot(1)), repr(store.admit(facts(store), p, 1))]
+            store.close()
+        with pytest.raises(ValueError, match="not a usable Redis URL") as info:
+            RedisStore(f"redis://:{PASSWORD}@127.0.0.1:notaport/0")
+        texts += [str(info.value), repr(info.value), repr(info.value.__cause__)]
+    events = [e for e in logs if e["event"] == "store.unavailable"]
+    assert len(events) == 2  # the wrong password and the dead port; the good URL never fell back
+    assert {e["error"] for e in events} == {"AuthenticationError", "ConnectionError"}
+    everything = repr(logs) + "".join(texts)
+    assert PASSWORD not in everything and wrong not in everything
+    assert f"127.0.0.1:{redis_server.port}" in everything  # the server is still named
+
+
+# --- expiry ------------------------------------------------------------------------------------------
+
+
+def test_keys_expire_after_healing_and_all_live_under_the_prefix(redis_server: RedisServer) -> None:
+    """After a scope heals, its bookkeeping keys expire after ttl and nothing is left; a lone failure expires too; no key lives outside the prefix."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/3"  # a database of its own, to list every key
+    store = store_on(url, ttl=0.4)
+    prefix = store._prefix
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    open_scope(store, p)
+    probe = store.admit(facts(store), p, 10).ticket
+    assert probe is not None
+    store.record(probe, OK, p, Suspensions(), 10)
+    assert len(store) == 0
+    db3 = redis.Redis.from_url(url, decode_responses=True)
+    left = db3.keys("*")
+    assert left and all(k.startswith(prefix + ":") for k in left)
+    assert not any(k.startswith(prefix + ":s:") for k in left)  # the healed scope itself is gone
+    wait_for(lambda: not db3.keys("*"), timeout=5)
+    one = store.admit(facts(store), p, 20).ticket
+    assert one is not None
+    store.record(one, FAIL, p, Suspensions(), 20)  # closed, one failure: kept for ttl
+    assert len(store) == 1
+    wait_for(lambda: not db3.keys("*"), timeout=5)
+    db3.close()
+    store.close()
+
+
+# --- outages ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, free to be stopped and restarted."""
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_falls_back_to_memory_and_returns_when_redis_answers(own_redis: RedisServer) -> None:
+    """With Redis gone the store serves from memory, tries Redis at most once per retry_interval, and goes back to Redis when it answers."""
+    store = store_on(own_redis.url, retry_interval=0.3)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    redis_ticket = store.admit(facts(store), p, 0).ticket
+    assert redis_ticket is not None
+    own_redis.stop()
+    with structlog.testing.capture_logs() as logs:
+        assert store.record(redis_ticket, FAIL, p, Suspensions(), 0) == ()  # dropped
+        local = [store.admit(facts(store), p, 0).ticket for _ in range(5)]
+        assert store.fallbacks == 1  # one failed call, then memory until the retry is due
+        assert all(t is not None and type(t) is Ticket for t in local)
+        for t in local[:2]:
+            assert t is not None
+            store.record(t, FAIL, p, Suspensions(), 0)  # recorded in memory
+        assert store.admit(facts(store), p, 1).ticket is None  # memory opened the scope
+        own_redis.start()
+        time.sleep(0.35)
+        back = store.admit(facts(store), p, 1)
+        assert back.ticket is not None and type(back.ticket) is not Ticket  # Redis again
+        store.record(back.ticket, FAIL, p, Suspensions(), 1)
+        assert [s.failures for s in store.snapshot(1)] == [1]  # Redis's state, not memory's
+    assert [e["event"] for e in logs] == ["store.unavailable", "store.recovered"]
+    assert logs[0]["operation"] == "record" and logs[0]["log_level"] == "warning"
+    store.close()
+
+
+# --- async: the event loop never waits on Redis ------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_async_transport_keeps_the_loop_running_while_redis_is_silent(
+    anyio_backend: str,
+) -> None:
+    """Against a Redis that accepts connections and never answers, requests still flow within about the timeout and a ticker task keeps ticking meanwhile."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # connections complete in the kernel; nobody ever reads them
+    port = silent.getsockname()[1]
+    upstream = Upstream()
+    store = RedisStore(f"redis://:{PASSWORD}@127.0.0.1:{port}/0", timeout=0.25)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await anyio.sleep(0.01)
+
+    try:
+        transport = sidestep.AsyncFailoverTransport(store=store)
+        async with anyio.create_task_group() as tg, httpx.AsyncClient(transport=transport) as c:
+            tg.start_soon(ticker)
+            await anyio.sleep(0.05)
+            before, started = ticks, time.monotonic()
+            response = await c.get(upstream.url + "/x")
+            waited = time.monotonic() - started
+            assert response.status_code == 200
+            assert 0.2 < waited < 1.5  # one timeout, then memory
+            assert ticks - before >= 10  # the loop ran all along
+            started = time.monotonic()
+            for _ in range(20):
+                assert (await c.get(upstream.url + "/x")).status_code == 200
+            assert time.monotonic() - started < 0.5  # no further waiting while Redis is down
+            assert store.fallbacks == 1
+            tg.cancel_scope.cancel()
+    finally:
+        await store.aclose()
+        upstream.close()
+        silent.close()
+
+
+@pytest.mark.anyio
+async def test_async_transport_shares_state_through_the_async_methods(
+    anyio_backend: str, redis_url: str
+) -> None:
+    """Failures seen by an async transport open the scope in Redis for a sync transport in another store, through the *_async methods."""
+    primary = Upstream(behaviour=lambda seen: Respond(503), name="primary")
+    backup = Upstream(name="backup")
+    prefix = fresh_prefix()
+    config = route(("primary", primary.url + "/v1"), ("backup", backup.url + "/v1"))
+    store = RedisStore(redis_url, prefix=prefix, fingerprint_key="shared")
+    called: list[str] = []
+    for name in ("admit", "admit_async", "record_async"):
+        method = getattr(store, name)
+
+        def spy(*args: Any, _name: str = name, _method: Any = method) -> Any:
+            called.append(_name)
+            return _method(*args)
+
+        setattr(store, name, spy)
+    other = RedisStore(redis_url, prefix=prefix, fingerprint_key="shared")
+    try:
+        transport = sidestep.AsyncFailoverTransport(config, store=store)
+        async with httpx.AsyncClient(transport=transport) as client:
+            for _ in range(2):
+                response = await client.post(primary.url + "/v1/chat", json={"model": "m"})
+                assert response.extensions["sidestep"]["target"] == "backup"
+        assert "admit_async" in called and "record_async" in called
+        if anyio_backend == "asyncio":
+            assert "admit" not in called  # redis.asyncio, no worker thread
+        assert [s.state.value for s in other.snapshot(0)] == ["open"]
+
+        def from_another_store() -> str:
+            transport = sidestep.FailoverTransport(config, store=other)
+            with httpx.Client(transport=transport) as sync:
+                answer = sync.post(primary.url + "/v1/chat", json={"model": "m"})
+            return str(answer.extensions["sidestep"]["target"])
+
+        assert await anyio.to_thread.run_sync(from_another_store) == "backup"
+        assert primary.calls == 2
+    finally:
+        await store.aclose()
+        other.close()
+        primary.close()
+        backup.close()
+
+
+# --- four worker processes ----------------------------------------------------------------
+
+
+def _worker(inbox: Any, outbox: Any) -> None:  # pragma: no cover - runs in a child process
+    """A worker process: runs each job it is sent in a thread of its own and reports the results."""
+    clients: dict[str, httpx.Client] = {}
+    lock = threading.Lock()
+
+    def client_for(job: dict[str, Any]) -> httpx.Client:
+        key = json.dumps([job["config"], job["store"]], sort_keys=True)
+        with lock:
+            if key not in clients:
+                store = RedisStore(**job["store"])
+                transport = sidestep.FailoverTransport(job["config"], store=store)
+                clients[key] = httpx.Client(transport=transport, timeout=10)
+            return clients[key]
+
+    def run(job_id: int, job: dict[str, Any]) -> None:
+        results: list[str] = []
+        try:
+            client = client_for(job)
+            for _ in range(job["n"]):
+                try:
+                    response = client.get(job["url"])
+                    results.append(
+                        f"{response.status_code} {response.extensions['sidestep']['target']}"
+                    )
+                except Exception as exc:
+                    results.append(f"error {exc!r}")
+                time.sleep(job.get("pause", 0))
+        except BaseException as exc:
+            results.append(f"crash {exc!r}")
+        outbox.put((job_id, results))
+
+    while (message := inbox.get()) is not None:
+        threading.Thread(target=run, args=message, daemon=True).start()
+
+
+class Workers:
+    """Spawned processes running sidestep's sync transport over RedisStore, driven by jobs."""
+
+    def __init__(self, n: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.outbox: Any = context.Queue()
+        self.inboxes: list[Any] = [context.Queue() for _ in range(n)]
+        self.processes = [
+            context.Process(target=_worker, args=(inbox, self.outbox), daemon=True)
+            for inbox in self.inboxes
+        ]
+        for process in self.processes:
+            process.start()
+        self._ids = itertools.count()
+        self._done: dict[int, list[str]] = {}
+
+    def submit(self, worker: int, **job: Any) -> int:
+        job_id = next(self._ids)
+        self.inboxes[worker].put((job_id, job))
+        return job_id
+
+    def result(self, job_id: int, timeout: float = 30) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while job_id not in self._done:
+            try:
+                done_id, results = self.outbox.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"job {job_id} did not finish in time") from None
+            self._done[done_id] = results
+        return self._done.pop(job_id)
+
+    def finished(self, ids: list[int]) -> list[int]:
+        """Those of `ids` whose results are in (not yet taken)."""
+        while True:
+            try:
+                done_id, results = self.outbox.get_nowait()
+            except queue.Empty:
+                break
+            self._done[done_id] = results
+        return [job_id for job_id in ids if job_id in self._done]
+
+    def run(self, worker: int, **job: Any) -> list[str]:
+        return self.result(self.submit(worker, **job))
+
+    def everywhere(self, **job: Any) -> list[str]:
+        ids = [self.submit(w, **job) for w in range(len(self.inboxes))]
+        return [r for job_id in ids for r in self.result(job_id)]
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for process in self.processes:
+            process.join(5)
+            if process.is_alive():
+                process.kill()
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[Workers]:
+    pool = Workers(4)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Upstream, Upstream]]:
+    primary, backup = Upstream(name="primary"), Upstream(name="backup")
+    yield primary, backup
+    primary.close()
+    backup.close()
+
+
+def job(
+    url: str, primary: Upstream, backup: Upstream, n: int = 1, **breaker: Any
+) -> dict[str, Any]:
+    """A job: `n` GETs through a route primary -> backup, with a RedisStore on `url`."""
+    store = {"url": url, "prefix": breaker.pop("prefix"), "fingerprint_key": "shared-secret"}
+    store.update(breaker.pop("store", {}))
+    return {
+        "config": route(
+            ("primary", primary.url + "/v1"),
+            ("backup", backup.url + "/v1"),
+            breaker={"failure_threshold": 2, "cooldown": 30, **breaker},
+        ),
+        "store": store,
+        "url": primary.url + "/v1/chat",
+        "n": n,
+    }
+
+
+@pytest.mark.slow
+def test_failures_in_one_process_make_every_process_skip_the_target(
+    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+) -> None:
+    """After failure_threshold failures seen by one process, no process sends the target another call."""
+    primary, backup = pair
+    primary.behaviour = lambda seen: Respond(503)
+    spec = job(redis_url, primary, backup, prefix=fresh_prefix())
+    assert workers.run(0, **{**spec, "n": 2}) == ["200 backup"] * 2
+    assert primary.calls == 2
+    assert workers.everywhere(**{**spec, "n": 5}) == ["200 backup"] * 20
+    assert primary.calls == 2
+
+
+@pytest.mark.slow
+def test_exactly_half_open_probes_across_processes(
+    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+) -> None:
+    """After the window, exactly half_open_probes requests over all processes reach the target; their success closes it for everyone."""
+    primary, backup = pair
+    primary.behaviour = lambda seen: Respond(503)
+    spec = job(redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.5, half_open_probes=2)
+    workers.run(0, **{**spec, "n": 2})
+    gate = threading.Event()
+    primary.behaviour = lambda seen: Respond(body="primary", gate=gate)
+    time.sleep(0.6)  # the window
+    ids = [workers.submit(w % 4, **spec) for w in range(16)]
+    wait_for(lambda: len(workers.finished(ids)) == 14, timeout=20)
+    skipped = workers.finished(ids)
+    assert [r for job_id in skipped for r in workers.result(job_id)] == ["200 backup"] * 14
+    assert primary.calls == 4  # two failures, then exactly two probes, still in flight
+    gate.set()
+    probes = [job_id for job_id in ids if job_id not in skipped]
+    assert [r for job_id in probes for r in workers.result(job_id)] == ["200 primary"] * 2
+    assert workers.everywhere(**spec) == ["200 primary"] * 4
+
+
+@pytest.mark.slow
+def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
+    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+) -> None:
+    """A process killed while holding the probe keeps the slot only until its lease ends; then another process probes."""
+    primary, backup = pair
+    primary.behaviour = lambda seen: Respond(503)
+    spec = job(
+        redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3, store={"probe_lease": 1.0}
+    )
+    workers.run(0, **{**spec, "n": 2})
+    primary.behaviour = lambda seen: Hang()
+    time.sleep(0.4)
+    victim = Workers(1)
+    try:
+        victim.submit(0, **spec)
+        wait_for(lambda: primary.calls == 3, timeout=20)
+        probed = time.monotonic()
+        os.kill(victim.processes[0].pid or 0, signal.SIGKILL)
+        primary.behaviour = lambda seen: Respond(body="primary")
+        assert workers.run(1, **spec) == ["200 backup"]  # the dead probe still holds the slot
+        assert time.monotonic() - probed < 1.0
+        assert primary.calls == 3
+        results: list[str] = []
+        while "200 primary" not in results:
+            assert time.monotonic() - probed < 10
+            results = workers.run(2, **spec)
+        assert time.monotonic() - probed >= 0.9  # not before the lease ended
+        assert primary.calls == 4
+    finally:
+        victim.processes[0].join(5)
+
+
+@pytest.mark.slow
+def test_redis_outage_mid_traffic_fails_no_request_and_sharing_resumes(
+    workers: Workers, pair: tuple[Upstream, Upstream], own_redis: RedisServer
+) -> None:
+    """Redis stopped and restarted under traffic from four processes: every request succeeds, and afterwards state is shared again."""
+    primary, backup = pair
+    spec = job(own_redis.url, primary, backup, prefix=fresh_prefix(), store={"retry_interval": 0.2})
+    ids = [workers.submit(w, **{**spec, "n": 40, "pause": 0.02}) for w in range(4)]
+    wait_for(lambda: primary.calls >= 20)
+    own_redis.stop()
+    calls = primary.calls
+    wait_for(lambda: primary.calls >= calls + 40)  # traffic goes on without Redis
+    own_redis.start()
+    results = [r for job_id in ids for r in workers.result(job_id)]
+    assert results == ["200 primary"] * 160
+    time.sleep(0.3)  # every worker's next Redis attempt is due
+    primary.behaviour = lambda seen: Respond(503)
+    assert workers.run(3, **{**spec, "n": 2}) == ["200 backup"] * 2
+    calls = primary.calls
+    assert workers.everywhere(**spec) == ["200 backup"] * 4
+    assert primary.calls == calls
