@@ -280,6 +280,18 @@ def test_an_explicit_wrap_takes_over_from_install() -> None:
     client.close()
 
 
+def test_wrap_after_uninstall_replaces_the_pass_through() -> None:
+    """wrap() on a client that install() wrapped and uninstall() turned off wraps it anew."""
+    sidestep.install(ALONE)
+    ups = Upstreams(httpx)
+    client = httpx.Client(transport=ups.transport)
+    sidestep.uninstall()
+    sidestep.wrap(client, CONFIG)
+    assert originals(client) == [ups.transport]
+    assert get(client).text == "backup.test"
+    client.close()
+
+
 def test_uninstall_keeps_a_hook_installed_over_sidesteps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Another library's __init__ patch made after install() survives uninstall(); ours then does nothing."""
     sidestep.install(CONFIG)

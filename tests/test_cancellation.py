@@ -14,6 +14,7 @@ import structlog
 import sidestep
 from drivers import FakeClock, route
 from sidestep._config import SidestepConfigWarning
+from sidestep._store import MemoryStore
 from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 
 
@@ -139,3 +140,102 @@ async def test_cancelled_while_waiting_for_the_first_byte_closes_the_connection(
             await client.get(a.url + "/v1/x")
         await anyio.to_thread.run_sync(lambda: wait_for(lambda: a.open_connections == 0))
         assert b.calls == 0
+
+
+class _SlowClose(httpx.AsyncByteStream):
+    """A body whose closing takes a while (a TLS close, a slow socket teardown)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __aiter__(self) -> Any:
+        async for chunk in self.inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await anyio.sleep(0.5)
+        await self.inner.aclose()
+
+
+class _SlowClosing(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        r = await self.inner.handle_async_request(request)
+        return httpx.Response(r.status_code, headers=r.headers, stream=_SlowClose(r.stream))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+@pytest.mark.anyio
+async def test_cancelled_while_closing_the_previous_answer_frees_the_next_probe(
+    a: Upstream, b: Upstream
+) -> None:
+    """A cancellation landing while A's failed answer is being closed gives B's probe slot back."""
+    a.behaviour = b.behaviour = lambda _: Respond(503)
+    clock = FakeClock()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        cfg = config(a, b, breaker={"failure_threshold": 1})
+        transport = sidestep.AsyncFailoverTransport(cfg, transport=_SlowClosing(), clock=clock)
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        await client.get(a.url + "/v1/x")  # both open
+        clock.advance(11)
+        b.behaviour = lambda _: Respond(body="b back")
+        with anyio.move_on_after(0.2):  # A is probed and fails; B's probe waits on A's close
+            await client.get(a.url + "/v1/x")
+        clock.advance(1000)
+        r = await client.get(b.url + "/v1/x")
+        assert r.text == "b back"
+
+
+class _SlowStore(MemoryStore):
+    """A store that waits on I/O, as RedisStore does: the async shell awaits its twins."""
+
+    blocking = True
+
+    async def record_async(self, *args: Any) -> Any:
+        await anyio.sleep(0.3)
+        return self.record(*args)
+
+
+@pytest.mark.anyio
+async def test_cancelled_while_recording_loses_no_connection(a: Upstream) -> None:
+    """A cancellation during a slow verdict write still returns the connection to the pool."""
+    a.behaviour = lambda _: Stream([b"data: 1\n\n", b"data: 2\n\n"])
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1))
+    transport = sidestep.AsyncFailoverTransport({}, transport=inner, store=_SlowStore())
+    async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5, pool=1)) as client:
+
+        async def call() -> bytes:
+            async with client.stream("GET", a.url + "/x") as r:
+                return await r.aread()
+
+        with anyio.move_on_after(0.15):
+            await call()
+        assert await call() == b"data: 1\n\ndata: 2\n\n"  # no PoolTimeout: the one connection is free
+
+
+@pytest.mark.anyio
+async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstream) -> None:
+    """A pool wait past first_byte_timeout is a local PoolTimeout, not an outage of a healthy upstream."""
+    a.behaviour = lambda s: (
+        Stream([b"x"] * 10, delay=0.1) if s.path == "/slow" else Respond(body="fast")
+    )
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1))
+    cfg = {"breaker": {"failure_threshold": 2}, "failover": {"first_byte_timeout": 0.3}}
+    transport = sidestep.AsyncFailoverTransport(cfg, transport=inner)
+    async with httpx.AsyncClient(transport=transport, timeout=5) as client, anyio.create_task_group() as tg:
+
+        async def hog() -> None:
+            async with client.stream("GET", a.url + "/slow") as r:
+                await r.aread()
+
+        tg.start_soon(hog)
+        await anyio.sleep(0.1)
+        for _ in range(2):
+            with pytest.raises(httpx.PoolTimeout):
+                await client.get(a.url + "/fast")
+    assert transport.suspensions() == []

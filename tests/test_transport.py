@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import warnings
@@ -153,6 +154,31 @@ def test_retry_ambiguous_lets_a_post_fail_over(make: MakeDriver, a: Upstream, b:
     a.behaviour = lambda _: Hang()
     d = make(pair(a, b, failover={"retry_ambiguous": True}), timeout=0.5)
     assert d.post(a.url + "/v1/x", json={"q": 1}).text == "b"
+
+
+def test_connect_that_hangs_past_first_byte_timeout_fails_over_a_post(
+    make: MakeDriver, b: Upstream
+) -> None:
+    """A connect that never completes is "nothing sent": even a POST fails over within the limit."""
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(0)
+    fillers = []
+    port = hole.getsockname()[1]
+    for _ in range(4):  # fill the accept queue: further connects hang
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+        fillers.append(filler)
+    try:
+        dead = f"http://127.0.0.1:{port}"
+        d = make(route(("a", dead + "/v1"), ("b", b.url + "/v1"), failover={"first_byte_timeout": 0.4}), timeout=10)
+        r, took = elapsed(lambda: d.post(dead + "/v1/x", json={"q": 1}))
+        assert r.text == "b"
+        assert took < 2.0
+    finally:
+        for s in (*fillers, hole):
+            s.close()
 
 
 def test_connection_refused_fails_over_and_opens_the_origin(make: MakeDriver, b: Upstream) -> None:
@@ -532,3 +558,86 @@ def test_prefix_matches_on_segment_boundaries(make: MakeDriver, a: Upstream, b: 
     d = make(pair(a, b))
     assert d.get(a.url + "/v10/x").status == 503
     assert b.calls == 0
+
+
+def test_upstream_that_always_breaks_off_mid_body_opens_its_circuit(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Bodies cut after the first chunk count as failures: failure_threshold of them open A."""
+    a.behaviour = lambda _: Stream([b"one", b"two", b"three"], cut_after=1)
+    d = make(pair(a, b, breaker={"failure_threshold": 2}))
+    for _ in range(2):
+        with pytest.raises(d.http.TransportError):
+            d.get(a.url + "/v1/x")
+    assert d.get(a.url + "/v1/x").text == "b"
+    assert a.calls == 2
+
+
+def test_percent_encoded_path_survives_failover(make: MakeDriver, a: Upstream, b: Upstream) -> None:
+    """An encoded slash or question mark reaches the backup encoded, never as a new segment or query."""
+    a.behaviour = unavailable
+    d = make(pair(a, b))
+    d.get(a.url + "/v1/files/a%2Fb?x=1")
+    d.get(a.url + "/v1/files/what%3Fadmin=1")
+    assert [s.path for s in b.seen] == ["/v1/files/a%2Fb?x=1", "/v1/files/what%3Fadmin=1"]
+
+
+def test_commit_complete_still_honours_first_byte_timeout(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """With commit: complete, headers followed by silence fail over after first_byte_timeout."""
+    a.behaviour = lambda _: HeadersThenHang()
+    config = pair(a, b, route={"commit": "complete"}, failover={"first_byte_timeout": 0.4})
+    d = make(config, timeout=10)
+    r, took = elapsed(lambda: d.get(a.url + "/v1/x"))
+    assert r.text == "b"
+    assert took < 2.0
+
+
+def test_first_target_gets_its_own_headers_and_json(make: MakeDriver, a: Upstream, b: Upstream) -> None:
+    """The matched target's headers and json fields apply when it is tried first, not only after failover."""
+    config = pair(
+        a,
+        b,
+        targets={"a": {"headers": {"authorization": "Bearer A-KEY"}, "json": {"model": "a-model"}}},
+    )
+    d = make(config)
+    d.post(a.url + "/v1/chat", json={"model": "asked", "n": 1})
+    seen = a.seen[0]
+    assert seen.headers["authorization"] == "Bearer A-KEY"
+    assert seen.json() == {"model": "a-model", "n": 1}
+
+
+def test_no_credential_of_any_shape_crosses_origins(make: MakeDriver, a: Upstream, b: Upstream) -> None:
+    """Provider-specific key headers, credential query parameters and userinfo stay with their origin."""
+    a.behaviour = unavailable
+    d = make(pair(a, b))
+    d.get(
+        a.url.replace("http://", "http://user:pw@") + "/v1/m:go?key=AIzaSECRET&alt=sse",
+        headers={"x-goog-api-key": "AIzaSECRET", "x-auth-token": "tok", "idempotency-key": "i-1"},
+    )
+    seen = b.seen[0]
+    assert seen.path == "/v1/m:go?alt=sse"
+    assert "x-goog-api-key" not in seen.headers
+    assert "x-auth-token" not in seen.headers
+    assert "authorization" not in seen.headers  # the userinfo became basic auth for A only
+    assert seen.headers["idempotency-key"] == "i-1"
+    assert "AIza" not in json.dumps(seen.headers) + seen.path
+
+
+def test_unknown_suspension_reason_from_a_custom_classifier_counts_as_an_outage(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """A replacement classifier naming a reason without a window neither crashes nor leaks: it is a failure."""
+    from sidestep._classify import Kind, Verdict, classify
+
+    def overloaded(x: Any) -> Verdict:
+        if x.status == 503:
+            return Verdict(Kind.SUSPEND, "overloaded", None, failover=True, status=503)
+        return classify(x)
+
+    a.behaviour = unavailable
+    d = make({**pair(a, b, breaker={"failure_threshold": 1}), "classifier": overloaded})
+    assert d.get(a.url + "/v1/x").text == "b"
+    (s,) = d.transport.suspensions()
+    assert (s.target, s.state, s.reason) == ("a", "open", "unavailable")

@@ -200,6 +200,15 @@ def _shell_class(client: object) -> type[_Shell]:
     )
 
 
+def _replaceable(transport: Any) -> bool:
+    """A shell that install() put there, still active or turned off by uninstall()."""
+    return (
+        isinstance(transport, _Shell)
+        and isinstance(transport.inner, _Dispatch)
+        and (transport in _installed_shells or not transport.active)
+    )
+
+
 def _wrap(
     client: Any, shell: type[_Shell], config: Config, store: StateStore | None, *, explicit: bool
 ) -> None:
@@ -208,9 +217,10 @@ def _wrap(
     mounts: dict[Any, Any] = client._mounts
     slots = [main, *(t for t in mounts.values() if t is not None)]
     if any(isinstance(t, _Shell) for t in slots):
-        if not explicit or not all(t in _installed_shells for t in slots):
+        if not explicit or not all(_replaceable(t) for t in slots):
             return  # wrapped already
-        # an explicit wrap() takes over from install(): back to the originals first
+        # an explicit wrap() takes over from install(), or from an uninstalled
+        # pass-through: back to the originals first
         for t in slots:
             _installed_shells.discard(t)
         main = main.inner.own

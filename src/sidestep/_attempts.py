@@ -13,7 +13,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Generator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from . import _classify as c11n
@@ -29,8 +29,9 @@ from ._routes import (
     display_origin,
     merge_json,
     rewrite_headers,
+    without_credentials,
 )
-from ._scopes import ScopeFacts, origin_key
+from ._scopes import ScopeFacts, ScopeKind, origin_key
 from ._store import Admission, MemoryStore, StateStore, Ticket, Transition
 from ._suspended import unavailable_body, unavailable_headers
 from .logging import emit
@@ -66,7 +67,8 @@ class Read:
 
     The result is ``(head, ended)``. The shell puts the chunks back in front of
     the rest, so the caller still gets the whole body; after the head, body
-    errors are passed to `on_error` (a generator of effects) before they rise.
+    errors are passed to `on_error` (a generator of effects) before they rise,
+    and a body read to its end calls `on_end`.
     """
 
     response: Any
@@ -74,6 +76,7 @@ class Read:
     limit: int
     deadline: float | None
     on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
+    on_end: Callable[[], Generator[Any, Any, None]] | None = None
 
 
 @dataclass(slots=True)
@@ -138,12 +141,15 @@ class _Run:
 
 
 class _Outcome:
-    __slots__ = ("committed", "result", "verdict")
+    __slots__ = ("committed", "deferred", "result", "verdict")
 
-    def __init__(self, verdict: Verdict, result: Any, committed: bool = False) -> None:
+    def __init__(
+        self, verdict: Verdict, result: Any, committed: bool = False, deferred: bool = False
+    ) -> None:
         self.verdict = verdict
         self.result = result  # a response, or an exception
         self.committed = committed
+        self.deferred = deferred  # the verdict is recorded when the body ends, or breaks
 
 
 class Core:
@@ -205,54 +211,66 @@ class Core:
                 break  # a one-shot body was sent once already; it cannot be replayed
             if index == 0 and run.cands.direct:
                 sent, headers, body = request, request.headers, run.body
-                userinfo = request.url.userinfo
             else:
-                sent, headers, userinfo, body = self._rewrite(run, target)
-            facts = ScopeFacts(target.origin, headers, userinfo, body, self._fingerprint)
+                sent, headers, body = self._rewrite(run, target)
+            url = sent.url
+            facts = ScopeFacts(
+                target.origin, headers, url.userinfo, body, self._fingerprint, url.query
+            )
             now = self.clock()
             if self._blocking:
-                admission: Admission = yield Call("admit", (facts, self.breaker, now))
+                lease = self._lease(run, sent)
+                admission: Admission = yield Call("admit", (facts, self.breaker, now, lease))
             else:
                 admission = self.store.admit(facts, self.breaker, now)
-            if admission.transitions:
-                self._announce(admission.transitions, target, run)
             if admission.ticket is None:
+                if admission.transitions:
+                    self._announce(admission.transitions, target, run)
                 self._skip(run, target, admission)
                 continue
-            if admission.refusal is not None:
-                self._observe_skip(run, target, admission)
-            if run.last is not None:
-                last, run.last = run.last, None
-                yield from self._discard(last)
-                emit(
-                    "failover",
-                    route=run.route_name,
-                    target=target.name,
-                    previous=run.last_target.name if run.last_target else None,
-                )
             ticket = admission.ticket
+            outcome: _Outcome | None = None
             try:
+                if admission.transitions:
+                    self._announce(admission.transitions, target, run)
+                if admission.refusal is not None:
+                    self._observe_skip(run, target, admission)
+                if run.last is not None:
+                    last, run.last = run.last, None
+                    yield from self._discard(last)
+                    emit(
+                        "failover",
+                        route=run.route_name,
+                        target=target.name,
+                        previous=run.last_target.name if run.last_target else None,
+                    )
                 if run.policy.max_attempts_per_target == 1:
                     run.attempts += 1
                     outcome = yield from self._attempt(run, target, sent, ticket)
                 else:
                     outcome = yield from self._try_target(run, target, sent, ticket)
+                run.tried += 1
+                if outcome.deferred:
+                    pass  # the body's end, or its failure, will be the verdict
+                elif outcome.verdict is _SUCCESS and not self._blocking:
+                    # the healthy path: no event to emit, usually nothing kept to reset
+                    changed = self.store.record(
+                        ticket, _SUCCESS, self.breaker, self.suspensions, self.clock()
+                    )
+                    if changed:
+                        self._announce(changed, target, run)
+                else:
+                    yield from self._record(ticket, outcome.verdict, target, run)
             except BaseException:
+                # Whatever broke (a cancellation, the store, a logger), the probe slot
+                # comes back and a response that will not be handed over is closed.
+                if outcome is not None:
+                    yield from self._discard(outcome.result)
                 if self._blocking:
                     yield Call("release", (ticket,))
                 else:
                     self.store.release(ticket)
                 raise
-            run.tried += 1
-            if outcome.verdict is _SUCCESS and not self._blocking:
-                # the healthy path: no event to emit, usually nothing kept to reset
-                changed = self.store.record(
-                    ticket, _SUCCESS, self.breaker, self.suspensions, self.clock()
-                )
-                if changed:
-                    self._announce(changed, target, run)
-            else:
-                yield from self._record(ticket, outcome.verdict, target, run)
             if outcome.committed:
                 return self._attribute(outcome.result, run, target, index)
             if not outcome.verdict.failover:
@@ -323,7 +341,7 @@ class Core:
                 except BaseException:
                     yield Close(response)  # cancelled mid-read: the connection must not leak
                     raise
-            verdict = self.classifier(
+            verdict = self._classify(
                 Exchange(
                     method=request.method,
                     request_headers=request.headers,
@@ -350,30 +368,44 @@ class Core:
         response: Any,
         fb_deadline: float | None,
     ) -> Generator[Any, Any, _Outcome]:
-        """Wait for the commit point: the first body byte (or the whole body)."""
+        """Wait for the commit point: the first body byte (or the whole body).
+
+        A probe's success is recorded at the commit point, which frees its slot
+        early; any other request's verdict waits for the end of its body, so an
+        upstream that always breaks off mid-body still counts as failing.
+        """
         route = run.cands.route
-        complete = route is not None and route.commit_complete
-        limit = route.max_buffered_bytes if complete and route is not None else 1
-        deadline = run.deadline if complete else fb_deadline
+        defer = not ticket.probes
 
         def on_error(exc: BaseException) -> Generator[Any, Any, None]:
             return self._body_failed(ticket, target, run, request, exc)
 
+        def on_end() -> Generator[Any, Any, None]:
+            return self._record(ticket, _SUCCESS, target, run)
+
+        end = on_end if defer else None
         try:
-            yield Read(response, request, limit, deadline, on_error)
+            if route is not None and route.commit_complete:
+                # the first byte within its own limit, then the rest within the request's
+                _, ended = yield Read(response, request, 1, fb_deadline)
+                if not ended:
+                    limit = route.max_buffered_bytes
+                    _, ended = yield Read(response, request, limit, run.deadline, on_error, end)
+            else:
+                _, ended = yield Read(response, request, 1, fb_deadline, on_error, end)
         except Exception as exc:
             yield Close(response)
             return _Outcome(self._classify_error(request, exc, run), exc)
         except BaseException:
             yield Close(response)  # cancelled before the commit point: nothing leaks
             raise
-        return _Outcome(_SUCCESS, response, committed=True)
+        return _Outcome(_SUCCESS, response, committed=True, deferred=defer and not ended)
 
     # -- verdicts -------------------------------------------------------------------
 
     def _classify_error(self, request: Any, exc: BaseException, run: _Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
-        return self.classifier(
+        return self._classify(
             Exchange(
                 method=request.method,
                 request_headers=request.headers,
@@ -382,6 +414,14 @@ class Core:
                 on_context_overflow=run.policy.on_context_overflow,
             )
         )
+
+    def _classify(self, exchange: Exchange) -> Verdict:
+        verdict = self.classifier(exchange)
+        if verdict.kind is Kind.SUSPEND and verdict.reason not in c11n.SUSPENSION_REASONS:
+            # A replacement classifier named a reason with no window: count it as an outage.
+            scope = verdict.scope or ScopeKind.MODEL
+            return replace(verdict, kind=Kind.FAILURE, reason=c11n.UNAVAILABLE, scope=scope)
+        return verdict
 
     @staticmethod
     def _retryable(verdict: Verdict) -> bool:
@@ -433,7 +473,7 @@ class Core:
         """A committed body broke off: an availability failure of that scope, raised as it is."""
         verdict = self._classify_error(request, exc, run)
         if verdict.kind is Kind.FAILURE:
-            ticket.done = False  # its success was recorded at the commit point
+            ticket.done = False  # a probe's success was recorded at the commit point
             yield from self._record(ticket, verdict, target, run)
 
     # -- endings --------------------------------------------------------------------
@@ -490,14 +530,16 @@ class Core:
             # per request than the public properties, which decode on each access.
             ref = url._uri_reference
             where = (ref.scheme, ref.host, ref.port)
+            path = ref.path or "/"  # still percent-encoded, as it goes on the wire
         except AttributeError:
             where = (url.scheme, url.host, url.port)
+            path = url.raw_path.decode("ascii").partition("?")[0]
         origin = self._origins.get(where)
         if origin is None:
             origin = origin_key(url.scheme, url.host, url.port)
             if len(self._origins) < _CACHE_LIMIT:
                 self._origins[where] = origin
-        cands = self.router.match(origin, url.path) if self.router.routes else None
+        cands = self.router.match(origin, path) if self.router.routes else None
         if cands is None:
             cands = self._own_origin(origin, url)
         policy = cands.route.policy if cands.route else self.config.failover
@@ -524,25 +566,32 @@ class Core:
             return request.read()  # type: ignore[no-any-return]  # in-memory parts
         return None
 
-    def _rewrite(self, run: _Run, target: CompiledTarget) -> tuple[Any, Any, bytes, bytes | None]:
-        """The request rebuilt for `target`: (request, its headers, its userinfo, its body)."""
+    def _rewrite(self, run: _Run, target: CompiledTarget) -> tuple[Any, Any, bytes | None]:
+        """The request rebuilt for `target`: (request, its headers, its body).
+
+        Credentials — credential headers, URL userinfo, credential query
+        parameters — go to another origin only when the target inherits them.
+        """
         request = run.request
-        same_origin = target.origin == run.cands.origin
+        keep = target.origin == run.cands.origin or target.inherit_credentials
         headers = rewrite_headers(
-            list(request.headers.multi_items()), target, same_origin=same_origin
+            list(request.headers.multi_items()), target, keep_credentials=keep
         )
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)
+        query: bytes = request.url.query
+        if query and not keep:
+            query = without_credentials(query)
         url = request.url.copy_with(
             scheme=target.scheme,
             host=target.host,
             port=target.port,
-            raw_path=(target.path + run.cands.rest).encode() + _query(request.url),
+            raw_path=(target.path + run.cands.rest).encode("ascii")
+            + (b"?" + query if query else b""),
         )
-        keep_userinfo = same_origin or target.inherit_credentials
-        if not keep_userinfo and request.url.userinfo:
-            url = url.copy_with(username=None, password=None)
+        if not keep and url.userinfo:
+            url = url.copy_with(userinfo=b"")
         extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
         rebuilt = type(request)(
             request.method,
@@ -551,7 +600,7 @@ class Core:
             content=body if body is not None else request.stream,
             extensions=extensions,
         )
-        return rebuilt, rebuilt.headers, url.userinfo, body
+        return rebuilt, rebuilt.headers, body
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -562,18 +611,44 @@ class Core:
     def _expired(self, run: _Run) -> bool:
         return run.deadline is not None and self.clock() >= run.deadline
 
+    def _lease(self, run: _Run, request: Any) -> float | None:
+        """How long a probe on a shared store may hold its slot: its time to first byte.
+
+        A probe's verdict is recorded at the commit point, so the lease covers
+        the attempts on one target up to their first byte, with their waits;
+        None (the store's default) when some timeout is unbounded.
+        """
+        if run.deadline is not None:
+            return max(0.0, run.deadline - self.clock())
+        timeouts = request.extensions.get("timeout") or {}
+        first_byte = run.policy.first_byte_timeout
+        phases: list[float | None] = [timeouts.get(k) for k in ("pool", "connect", "write")]
+        phases.append(first_byte if first_byte is not None else timeouts.get("read"))
+        per_attempt = 0.0
+        for phase in phases:
+            if phase is None:
+                return None
+            per_attempt += phase
+        attempts = run.policy.max_attempts_per_target
+        return per_attempt * attempts + run.policy.max_retry_wait * (attempts - 1)
+
     def _timeouts(
         self, request: Any, run: _Run, first_byte: float | None, now: float
     ) -> dict[str, float | None]:
+        """The attempt's timeouts, shrunk to the total and first-byte limits.
+
+        Shrinking connect, write and pool lets the transport raise its own typed
+        error (nothing sent, or a local pool wait) rather than a generic deadline.
+        """
         timeouts: dict[str, float | None] = dict(request.extensions.get("timeout") or {})
-        if run.deadline is not None:
-            left = max(0.0, run.deadline - now)
-            for key in _TIMEOUT_KEYS:
+        left = max(0.0, run.deadline - now) if run.deadline is not None else None
+        for key in _TIMEOUT_KEYS:
+            bound = left
+            if first_byte is not None and (key != "read" or not self._exact):
+                bound = first_byte if bound is None else min(bound, first_byte)
+            if bound is not None:
                 value = timeouts.get(key)
-                timeouts[key] = left if value is None else min(value, left)
-        if first_byte is not None and not self._exact:
-            value = timeouts.get("read")
-            timeouts["read"] = first_byte if value is None else min(value, first_byte)
+                timeouts[key] = bound if value is None else min(value, bound)
         return timeouts
 
     def _skip(self, run: _Run, target: CompiledTarget, admission: Admission) -> None:
@@ -622,8 +697,3 @@ class Core:
                 failures=t.failures,
                 retry_in_s=t.retry_in,
             )
-
-
-def _query(url: Any) -> bytes:
-    query: bytes = url.query
-    return b"?" + query if query else b""

@@ -11,14 +11,23 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
-from ._scopes import CREDENTIAL_HEADERS, origin_key
+from ._scopes import is_credential, origin_key
 
 if TYPE_CHECKING:
     from ._config import Config, FailoverPolicy, Route
 
-__all__ = ["Candidates", "CompiledRoute", "CompiledTarget", "Router", "display_origin"]
+__all__ = [
+    "Candidates",
+    "CompiledRoute",
+    "CompiledTarget",
+    "Router",
+    "display_origin",
+    "merge_json",
+    "rewrite_headers",
+    "without_credentials",
+]
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Set anew for each target (Host) or by the rebuilt request from its body.
@@ -27,8 +36,13 @@ _REBUILT = frozenset({"host", "content-length", "transfer-encoding"})
 
 def display_origin(scheme: str, host: str, port: int | None) -> str:
     """The origin as people read it: no default port, nothing after the host."""
-    default = _DEFAULT_PORTS.get(scheme)
-    return f"{scheme}://{host}" if port in (None, default) else f"{scheme}://{host}:{port}"
+    return f"{scheme}://{_authority(scheme, host, port)}"
+
+
+def _authority(scheme: str, host: str, port: int | None) -> str:
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 literal
+    return host if port in (None, _DEFAULT_PORTS.get(scheme)) else f"{host}:{port}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +65,7 @@ class CompiledTarget:
 
     @property
     def host_header(self) -> str:
-        default = _DEFAULT_PORTS.get(self.scheme)
-        return self.host if self.port in (None, default) else f"{self.host}:{self.port}"
+        return _authority(self.scheme, self.host, self.port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +90,9 @@ class Candidates:
 
 def _split(url: str) -> tuple[str, str, int | None, str]:
     parts = urlsplit(url)
-    return parts.scheme, (parts.hostname or ""), parts.port, parts.path.rstrip("/")
+    # Paths are compared and joined percent-encoded, as they travel.
+    path = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
+    return parts.scheme, (parts.hostname or ""), parts.port, path
 
 
 def compile_target(target: Any) -> CompiledTarget:
@@ -137,7 +152,9 @@ class Router:
                     return Candidates(route, route.targets, rest, origin, direct=False)
                 first = route.targets[index]
                 others = route.targets[:index] + route.targets[index + 1 :]
-                return Candidates(route, (first, *others), rest, origin, direct=True)
+                # The request's own URL serves as it is unless the target adds to it.
+                direct = not first.headers and not first.json_fields
+                return Candidates(route, (first, *others), rest, origin, direct=direct)
         return None
 
 
@@ -152,21 +169,30 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
 
 
 def rewrite_headers(
-    headers: list[tuple[str, str]], target: CompiledTarget, *, same_origin: bool
+    headers: list[tuple[str, str]], target: CompiledTarget, *, keep_credentials: bool
 ) -> list[tuple[str, str]]:
     """The request's headers for `target`: Host anew, credentials kept only where allowed."""
-    keep_credentials = same_origin or target.inherit_credentials
     own = {name for name, _ in target.headers}
     out = [
         (name, value)
         for name, value in headers
         if name not in _REBUILT
         and name not in own
-        and (keep_credentials or name not in CREDENTIAL_HEADERS)
+        and (keep_credentials or not is_credential(name))
     ]
     out.append(("host", target.host_header))
     out.extend(target.headers)
     return out
+
+
+def without_credentials(query: bytes) -> bytes:
+    """A raw query string without the parameters whose names say they carry a credential."""
+    kept = [
+        part
+        for part in query.split(b"&")
+        if not is_credential(part.partition(b"=")[0].decode("ascii", "replace"))
+    ]
+    return b"&".join(kept)
 
 
 def merge_json(body: bytes, fields: Mapping[str, Any] | None) -> bytes:

@@ -23,6 +23,7 @@ __all__ = [
     "ScopeFacts",
     "ScopeKey",
     "ScopeKind",
+    "is_credential",
     "model_of",
     "origin_key",
 ]
@@ -36,12 +37,24 @@ class ScopeKind(str, enum.Enum):
 
 
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
+# Any other header or query parameter whose name holds one of these words is
+# treated as a credential too (x-goog-api-key, x-auth-token, ?key=...).
+_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "signature", "session")
+_NOT_CREDENTIALS = frozenset({"idempotency-key"})
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # A model name longer than this is no model name; it must not bloat keys.
 _MAX_MODEL_CHARS = 256
 # Bodies beyond this are not parsed for a model: the cost would land on an
 # already-failing path, but it must stay bounded.
 _MAX_MODEL_BODY = 4 * 1024 * 1024
+
+
+def is_credential(name: str) -> bool:
+    """Does a header or query parameter of this name carry a credential?"""
+    name = name.lower()
+    if name in CREDENTIAL_HEADERS:
+        return True
+    return name not in _NOT_CREDENTIALS and any(word in name for word in _CREDENTIAL_WORDS)
 
 
 def origin_key(scheme: str, host: str, port: int | None) -> str:
@@ -81,19 +94,28 @@ class Fingerprinter:
     def __repr__(self) -> str:
         return "Fingerprinter(key=[redacted])"
 
-    def __call__(self, headers: Mapping[str, str], userinfo: str) -> str:
-        """The fingerprint of the credential headers and URL userinfo, or "" for none."""
-        mac = hmac.new(self._key, digestmod=hashlib.blake2b)
-        found = False
-        for name in CREDENTIAL_HEADERS:
-            value = headers.get(name)
-            if value:
-                found = True
-                mac.update(f"{name}\0{value}\0".encode())
+    def __call__(self, headers: Mapping[str, str], userinfo: str, query: bytes = b"") -> str:
+        """The fingerprint of the credentials a request carries, or "" for none.
+
+        Credential headers, URL userinfo and credential query parameters count,
+        in a stable order: the same credential always gives the same scope.
+        """
+        parts = sorted(
+            (name.lower(), value) for name, value in headers.items() if is_credential(name)
+        )
+        if query:
+            for param in query.split(b"&"):
+                name, _, value = param.decode("latin-1").partition("=")
+                if is_credential(name):
+                    parts.append((f"?{name}", value))
         if userinfo:
-            found = True
-            mac.update(f"userinfo\0{userinfo}\0".encode())
-        return mac.hexdigest()[:32] if found else ""
+            parts.append(("@userinfo", userinfo))
+        if not parts:
+            return ""
+        mac = hmac.new(self._key, digestmod=hashlib.blake2b)
+        for name, value in parts:
+            mac.update(f"{name}\0{value}\0".encode())
+        return mac.hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +152,7 @@ class ScopeFacts:
         "_fingerprint",
         "_headers",
         "_model",
+        "_query",
         "_userinfo",
         "origin",
     )
@@ -141,8 +164,10 @@ class ScopeFacts:
         userinfo: bytes | str,
         body: bytes | None,
         fingerprint: Fingerprinter,
+        query: bytes = b"",
     ) -> None:
         self.origin = origin
+        self._query = query
         self._headers = headers
         self._userinfo = userinfo
         self._body = body
@@ -165,7 +190,7 @@ class ScopeFacts:
             userinfo = self._userinfo
             if isinstance(userinfo, bytes):
                 userinfo = userinfo.decode("latin-1")
-            self._credential = self._fingerprint(self._headers, userinfo)
+            self._credential = self._fingerprint(self._headers, userinfo, self._query)
         return self._credential
 
     def key(self, kind: ScopeKind) -> ScopeKey:

@@ -116,7 +116,11 @@ class StateStore(Protocol):
     fingerprint: Fingerprinter
     blocking: bool
 
-    def admit(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission: ...
+    def admit(
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
+    ) -> Admission:
+        """Admit a request's scopes; `lease` bounds how long a probe slot may be held."""
+        ...
 
     def record(
         self,
@@ -133,8 +137,12 @@ class StateStore(Protocol):
 
     def clear(self, scope_id: str) -> bool: ...
 
+    async def snapshot_async(self, now: float) -> list[ScopeStatus]: ...
+
+    async def clear_async(self, scope_id: str) -> bool: ...
+
     async def admit_async(
-        self, facts: ScopeFacts, policy: BreakerPolicy, now: float
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission: ...
 
     async def record_async(
@@ -191,7 +199,11 @@ class MemoryStore:
 
     # -- admission ---------------------------------------------------------
 
-    def admit(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission:
+    def admit(
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
+    ) -> Admission:
+        # `lease` is for stores shared with other processes, whose probe holder
+        # may die; here a probe ends with its request, in every path.
         origin = self._state.origins.get(facts.origin)
         if origin is None or not origin.unhealthy:
             # The healthy path: no key, no body parse, no hash, no lock.
@@ -396,8 +408,10 @@ class MemoryStore:
 
     # -- async twins: nothing here waits, so they just call through -------------
 
-    async def admit_async(self, facts: ScopeFacts, policy: BreakerPolicy, now: float) -> Admission:
-        return self.admit(facts, policy, now)
+    async def admit_async(
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
+    ) -> Admission:
+        return self.admit(facts, policy, now, lease)
 
     async def record_async(
         self,
@@ -411,6 +425,12 @@ class MemoryStore:
 
     async def release_async(self, ticket: Ticket) -> None:
         self.release(ticket)
+
+    async def snapshot_async(self, now: float) -> list[ScopeStatus]:
+        return self.snapshot(now)
+
+    async def clear_async(self, scope_id: str) -> bool:
+        return self.clear(scope_id)
 
 
 def _refusal(key: ScopeKey, c: Circuit) -> Refusal:

@@ -21,11 +21,12 @@ from ._attempts import Call, Clock, Close, Core, Read, Send, Sleep
 from ._circuit import State
 from ._config import Config
 from ._flavour import Flavour
-from ._store import StateStore
+from ._store import ScopeStatus, StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
 
-_RELEASE_GRACE = 5.0  # seconds a cancelled request may spend giving its probe slot back
+_STORE_GRACE = 5.0  # seconds a store call may take, even while a cancellation unwinds
+_TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout to fire
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,9 @@ class _Shell:
     def suspensions(self) -> list[Suspension]:
         """A snapshot of the scopes that are not healthy (origins only, never credentials)."""
         now = self._core.clock()
+        return self._suspensions(self._core.store.snapshot(now))
+
+    def _suspensions(self, snapshot: list[ScopeStatus]) -> list[Suspension]:
         names = self._core.router.target_names()
         return [
             Suspension(
@@ -100,7 +104,7 @@ class _Shell:
                 else s.retry_at,
                 retry_in=s.retry_in,
             )
-            for s in self._core.store.snapshot(now)
+            for s in snapshot
         ]
 
     def clear(self, scope_id: str) -> bool:
@@ -165,7 +169,7 @@ class _SyncShell(_Shell):
             stream.close()
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
-        on_error = effect.on_error
+        on_error, on_end = effect.on_error, effect.on_end
         drive = self._drive
 
         def rest() -> Iterator[bytes]:
@@ -176,6 +180,8 @@ class _SyncShell(_Shell):
                 if on_error is not None:
                     drive(on_error(exc))
                 raise
+            if on_end is not None:
+                drive(on_end())
 
         response.stream = self._replay(rest(), stream)
         return head, False
@@ -198,6 +204,15 @@ class _AsyncShell(_Shell):
     async def aclose(self) -> None:
         await self._inner.aclose()
 
+    async def asuspensions(self) -> list[Suspension]:
+        """`suspensions()` without blocking the event loop on a shared store."""
+        now = self._core.clock()
+        return self._suspensions(await self._core.store.snapshot_async(now))
+
+    async def aclear(self, scope_id: str) -> bool:
+        """`clear()` without blocking the event loop on a shared store."""
+        return await self._core.store.clear_async(scope_id)
+
     async def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None
         error: BaseException | None = None
@@ -215,7 +230,9 @@ class _AsyncShell(_Shell):
     async def _perform(self, effect: Any) -> Any:
         kind = type(effect)
         if kind is Send:
-            with self._deadline(effect.deadline, effect.request):
+            # A little grace, so the transport's own typed errors (a connect or pool
+            # timeout, shrunk to the same limit) come first and keep their meaning.
+            with self._deadline(effect.deadline, effect.request, _TYPED_FIRST):
                 return await self._inner.handle_async_request(effect.request)
         if kind is Read:
             return await self._read(effect)
@@ -227,17 +244,20 @@ class _AsyncShell(_Shell):
             return await anyio.sleep(effect.seconds)
         if kind is Call:
             call = getattr(self._core.store, effect.name + "_async")
-            if effect.name == "release":
-                # Runs while a cancellation unwinds: shield it, briefly, so the slot comes back.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_RELEASE_GRACE):
-                    return await call(*effect.args)
-            return await call(*effect.args)
+            if effect.name == "admit":
+                return await call(*effect.args)
+            # Verdicts and releases must land even while a cancellation unwinds:
+            # shield them, briefly, so no probe slot is left taken.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_STORE_GRACE):
+                return await call(*effect.args)
+            return ()  # the store did not answer in time: nothing was recorded
         raise TypeError(f"unknown effect {kind.__name__}")
 
-    def _deadline(self, deadline: float | None, request: Any) -> Any:
+    def _deadline(self, deadline: float | None, request: Any, grace: float = 0.0) -> Any:
         if deadline is None:
             return _NO_DEADLINE
-        return _Deadline(max(0.0, deadline - self._core.clock()), self._flavour, request)
+        seconds = max(0.0, deadline - self._core.clock()) + grace
+        return _Deadline(seconds, self._flavour, request)
 
     async def _read(self, effect: Read) -> tuple[list[bytes], bool]:
         response = effect.response
@@ -255,7 +275,7 @@ class _AsyncShell(_Shell):
             await stream.aclose()
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
-        on_error = effect.on_error
+        on_error, on_end = effect.on_error, effect.on_end
         drive = self._drive
 
         async def rest() -> AsyncIterator[bytes]:
@@ -268,6 +288,8 @@ class _AsyncShell(_Shell):
                 if on_error is not None:
                     await drive(on_error(exc))
                 raise
+            if on_end is not None:
+                await drive(on_end())
 
         response.stream = _async_replay(self._flavour)(rest(), stream)
         return head, False

@@ -1,0 +1,96 @@
+"""Route matching and request rewriting: pure functions, no network."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidestep._config import Config
+from sidestep._routes import Router, display_origin, merge_json, without_credentials
+from sidestep._scopes import is_credential, origin_key
+
+
+def router() -> Router:
+    return Router(
+        Config.model_validate(
+            {
+                "routes": [
+                    {
+                        "name": "chat",
+                        "match": ["http://llm.internal/v1"],
+                        "targets": [
+                            {"name": "a", "url": "https://a.example/v1"},
+                            {"name": "b", "url": "https://b.example/api/v1"},
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("origin", "path", "expected"),
+    [
+        ("https://a.example:443", "/v1", ("a", "")),
+        ("https://a.example:443", "/v1/chat", ("a", "/chat")),
+        ("https://b.example:443", "/api/v1/x", ("b", "/x")),
+        ("https://a.example:443", "/v10/chat", None),
+        ("https://a.example:443", "/v", None),
+        ("http://llm.internal:80", "/v1/chat", ("a", "/chat")),
+        ("https://c.example:443", "/v1", None),
+    ],
+)
+def test_prefixes_match_on_segment_boundaries(
+    origin: str, path: str, expected: tuple[str, str] | None
+) -> None:
+    """A prefix matches itself and what lies below it, never a longer sibling segment."""
+    match = router().match(origin, path)
+    if expected is None:
+        assert match is None
+    else:
+        assert match is not None
+        assert (match.targets[0].name, match.rest) == expected
+
+
+def test_candidates_are_the_matched_target_then_the_others_in_order() -> None:
+    """Matching B's URL puts B first, then A; an alias keeps route order."""
+    r = router()
+    via_b = r.match("https://b.example:443", "/api/v1/x")
+    via_alias = r.match("http://llm.internal:80", "/v1/x")
+    assert via_b is not None and via_alias is not None
+    assert [t.name for t in via_b.targets] == ["b", "a"]
+    assert [t.name for t in via_alias.targets] == ["a", "b"]
+    assert via_b.direct and not via_alias.direct
+
+
+def test_ipv6_literals_are_bracketed() -> None:
+    """An IPv6 target keeps its brackets in the Host header and in what logs show."""
+    target = Router(
+        Config.model_validate(
+            {"routes": [{"name": "r", "targets": [{"name": "six", "url": "http://[::1]:8080/v1"}]}]}
+        )
+    ).routes["r"].targets[0]
+    assert target.host_header == "[::1]:8080"
+    assert target.shown == "http://[::1]:8080"
+    assert display_origin("https", "::1", 443) == "https://[::1]"
+
+
+def test_json_fields_merge_only_into_json_objects() -> None:
+    """A target's json fields override keys of an object body; other bodies pass untouched."""
+    assert merge_json(b'{"model":"a","n":1}', {"model": "b"}) == b'{"model":"b","n":1}'
+    for body in (b"[1, 2]", b"not json", b'"text"', b""):
+        assert merge_json(body, {"model": "b"}) == body
+
+
+def test_credential_names_and_query_parameters() -> None:
+    """Credential-looking names are recognised; idempotency keys are not credentials."""
+    for name in ("Authorization", "x-api-key", "X-Goog-Api-Key", "x-auth-token", "cookie", "key"):
+        assert is_credential(name)
+    for name in ("idempotency-key", "content-type", "accept", "x-request-id", "alt"):
+        assert not is_credential(name)
+    assert without_credentials(b"key=s3cret&alt=sse&access_token=t") == b"alt=sse"
+
+
+def test_origin_keys_are_normalised() -> None:
+    """Scheme and host case and default ports do not make two origins of one."""
+    assert origin_key("HTTPS", "API.Example", None) == origin_key("https", "api.example", 443)
