@@ -189,100 +189,97 @@ class Core:
     # -- the loop ------------------------------------------------------------------
 
     def handle(self, request: Any) -> Generator[Any, Any, Any]:
-        """Drive one request to its response (or error), yielding effects for the shell."""
+        """Drive one request to its response (or error), yielding effects for the shell.
+
+        Each candidate in order: admission, rewrite, attempts, verdict.
+        """
         run = self._start(request)
         try:
-            return (yield from self._candidates(run, request))
+            for index, target in enumerate(run.cands.targets):
+                if run.attempts >= run.policy.max_total_attempts or (
+                    run.deadline is not None and self.clock() >= run.deadline
+                ):
+                    break
+                if run.body is None and run.tried:
+                    break  # a one-shot body was sent once already; it cannot be replayed
+                if index == 0 and run.cands.direct:
+                    sent, headers, body = request, request.headers, run.body
+                else:
+                    sent, headers, body = self._rewrite(run, target)
+                facts = ScopeFacts(target.origin, headers, body, self._fingerprint, url=sent.url)
+                now = self.clock()
+                if self._blocking:
+                    lease = self._lease(run, sent)
+                    admission: Admission = yield Call("admit", (facts, self.breaker, now, lease))
+                else:
+                    admission = self.store.admit(facts, self.breaker, now)
+                if admission.ticket is None:
+                    if admission.transitions:
+                        self._announce(admission.transitions, target, run)
+                    self._skip(run, target, admission)
+                    continue
+                ticket = admission.ticket
+                outcome: _Outcome | None = None
+                try:
+                    if admission.transitions:
+                        self._announce(admission.transitions, target, run)
+                    if admission.refusal is not None:
+                        self._observe_skip(run, target, admission)
+                    if run.last is not None:
+                        last, run.last = run.last, None
+                        yield from self._discard(last)
+                        emit(
+                            "failover",
+                            route=run.route_name,
+                            target=target.name,
+                            previous=run.last_target.name if run.last_target else None,
+                        )
+                    if run.policy.max_attempts_per_target == 1:
+                        run.attempts += 1
+                        outcome = yield from self._attempt(run, target, sent, ticket)
+                    else:
+                        outcome = yield from self._try_target(run, target, sent, ticket)
+                    run.tried += 1
+                    if outcome.deferred:
+                        pass  # the body's end, or its failure, will be the verdict
+                    elif outcome.verdict is _SUCCESS and not self._blocking:
+                        # the healthy path: no event to emit, usually nothing kept to reset
+                        changed = self.store.record(
+                            ticket, _SUCCESS, self.breaker, self.suspensions, self.clock()
+                        )
+                        if changed:
+                            self._announce(changed, target, run)
+                    else:
+                        yield from self._record(ticket, outcome.verdict, target, run)
+                except BaseException:
+                    # Whatever broke (a cancellation, the store, a logger), the probe slot
+                    # comes back and a response that will not be handed over is closed.
+                    if outcome is not None:
+                        yield from self._discard(outcome.result)
+                    if self._blocking:
+                        yield Call("release", (ticket,))
+                    else:
+                        self.store.release(ticket)
+                    raise
+                if outcome.committed:
+                    return self._attribute(outcome.result, run, target, index)
+                if not outcome.verdict.failover:
+                    return self._final(outcome.result, run, target, index)
+                run.last, run.last_target = outcome.result, target
+            if run.last is not None and run.last_target is not None:
+                index = run.cands.targets.index(run.last_target)
+                last, run.last = run.last, None  # handed over: no longer ours to close
+                return self._final(last, run, run.last_target, index)
+            if run.tried == 0 and run.skipped:
+                return self._all_suspended(run)
+            raise self.flavour.timeout_error("sidestep: total_timeout ran out before any attempt")
+
         except BaseException:
             # Cancelled, or failed, while a failing response was held for the end.
             if run.last is not None and not isinstance(run.last, BaseException):
                 last, run.last = run.last, None
                 yield Close(last)
             raise
-
-    def _candidates(self, run: _Run, request: Any) -> Generator[Any, Any, Any]:
-        """Each candidate in order: admission, rewrite, attempts, verdict."""
-        for index, target in enumerate(run.cands.targets):
-            if run.attempts >= run.policy.max_total_attempts or (
-                run.deadline is not None and self.clock() >= run.deadline
-            ):
-                break
-            if run.body is None and run.tried:
-                break  # a one-shot body was sent once already; it cannot be replayed
-            if index == 0 and run.cands.direct:
-                sent, headers, body = request, request.headers, run.body
-            else:
-                sent, headers, body = self._rewrite(run, target)
-            url = sent.url
-            facts = ScopeFacts(
-                target.origin, headers, url.userinfo, body, self._fingerprint, url.query
-            )
-            now = self.clock()
-            if self._blocking:
-                lease = self._lease(run, sent)
-                admission: Admission = yield Call("admit", (facts, self.breaker, now, lease))
-            else:
-                admission = self.store.admit(facts, self.breaker, now)
-            if admission.ticket is None:
-                if admission.transitions:
-                    self._announce(admission.transitions, target, run)
-                self._skip(run, target, admission)
-                continue
-            ticket = admission.ticket
-            outcome: _Outcome | None = None
-            try:
-                if admission.transitions:
-                    self._announce(admission.transitions, target, run)
-                if admission.refusal is not None:
-                    self._observe_skip(run, target, admission)
-                if run.last is not None:
-                    last, run.last = run.last, None
-                    yield from self._discard(last)
-                    emit(
-                        "failover",
-                        route=run.route_name,
-                        target=target.name,
-                        previous=run.last_target.name if run.last_target else None,
-                    )
-                if run.policy.max_attempts_per_target == 1:
-                    run.attempts += 1
-                    outcome = yield from self._attempt(run, target, sent, ticket)
-                else:
-                    outcome = yield from self._try_target(run, target, sent, ticket)
-                run.tried += 1
-                if outcome.deferred:
-                    pass  # the body's end, or its failure, will be the verdict
-                elif outcome.verdict is _SUCCESS and not self._blocking:
-                    # the healthy path: no event to emit, usually nothing kept to reset
-                    changed = self.store.record(
-                        ticket, _SUCCESS, self.breaker, self.suspensions, self.clock()
-                    )
-                    if changed:
-                        self._announce(changed, target, run)
-                else:
-                    yield from self._record(ticket, outcome.verdict, target, run)
-            except BaseException:
-                # Whatever broke (a cancellation, the store, a logger), the probe slot
-                # comes back and a response that will not be handed over is closed.
-                if outcome is not None:
-                    yield from self._discard(outcome.result)
-                if self._blocking:
-                    yield Call("release", (ticket,))
-                else:
-                    self.store.release(ticket)
-                raise
-            if outcome.committed:
-                return self._attribute(outcome.result, run, target, index)
-            if not outcome.verdict.failover:
-                return self._final(outcome.result, run, target, index)
-            run.last, run.last_target = outcome.result, target
-        if run.last is not None and run.last_target is not None:
-            index = run.cands.targets.index(run.last_target)
-            last, run.last = run.last, None  # handed over: no longer ours to close
-            return self._final(last, run, run.last_target, index)
-        if run.tried == 0 and run.skipped:
-            return self._all_suspended(run)
-        raise self.flavour.timeout_error("sidestep: total_timeout ran out before any attempt")
 
     def _try_target(
         self, run: _Run, target: CompiledTarget, request: Any, ticket: Ticket

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, urlsplit
 
 from ._scopes import is_credential, origin_key
@@ -77,9 +77,11 @@ class CompiledRoute:
     max_buffered_bytes: int
 
 
-@dataclass(frozen=True, slots=True)
-class Candidates:
-    """A request's route (None if unrouted), its candidates in order, the path after the prefix."""
+class Candidates(NamedTuple):
+    """A request's route (None if unrouted), its candidates in order, the path after the prefix.
+
+    Made per request, so a tuple (the cheapest value to build).
+    """
 
     route: CompiledRoute | None
     targets: tuple[CompiledTarget, ...]
@@ -118,16 +120,21 @@ class Router:
 
     def __init__(self, config: Config) -> None:
         self.routes: dict[str, CompiledRoute] = {}
-        # origin -> [(path prefix, route, index of the matched target or None)], longest first
-        table: dict[str, list[tuple[str, CompiledRoute, int | None]]] = {}
+        # origin -> [(path prefix, route, candidates in order, direct)], longest prefix first
+        table: dict[str, list[tuple[str, CompiledRoute, tuple[CompiledTarget, ...], bool]]] = {}
         for route in config.routes:
             compiled = _compile_route(route, config.failover)
             self.routes[route.name] = compiled
-            for index, target in enumerate(compiled.targets):
-                table.setdefault(target.origin, []).append((target.path, compiled, index))
+            targets = compiled.targets
+            for index, first in enumerate(targets):
+                ordered = (first, *targets[:index], *targets[index + 1 :])
+                # The request's own URL serves as it is unless the target adds to it.
+                direct = not first.headers and not first.json_fields
+                table.setdefault(first.origin, []).append((first.path, compiled, ordered, direct))
             for alias in route.match:
                 scheme, host, port, path = _split(alias)
-                table.setdefault(origin_key(scheme, host, port), []).append((path, compiled, None))
+                row = (path, compiled, targets, False)
+                table.setdefault(origin_key(scheme, host, port), []).append(row)
         for prefixes in table.values():
             prefixes.sort(key=lambda p: len(p[0]), reverse=True)
         self._table = table
@@ -145,16 +152,9 @@ class Router:
         prefixes = self._table.get(origin)
         if not prefixes:
             return None
-        for prefix, route, index in prefixes:
-            if path == prefix or path.startswith(prefix + "/") or (not prefix):
-                rest = path[len(prefix) :]
-                if index is None:
-                    return Candidates(route, route.targets, rest, origin, direct=False)
-                first = route.targets[index]
-                others = route.targets[:index] + route.targets[index + 1 :]
-                # The request's own URL serves as it is unless the target adds to it.
-                direct = not first.headers and not first.json_fields
-                return Candidates(route, (first, *others), rest, origin, direct=direct)
+        for prefix, route, targets, direct in prefixes:
+            if path == prefix or path.startswith(prefix + "/") or not prefix:
+                return Candidates(route, targets, path[len(prefix) :], origin, direct)
         return None
 
 

@@ -16,6 +16,7 @@ import json
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
     "CREDENTIAL_HEADERS",
@@ -153,6 +154,7 @@ class ScopeFacts:
         "_headers",
         "_model",
         "_query",
+        "_url",
         "_userinfo",
         "origin",
     )
@@ -161,12 +163,15 @@ class ScopeFacts:
         self,
         origin: str,
         headers: Mapping[str, str],
-        userinfo: bytes | str,
         body: bytes | None,
         fingerprint: Fingerprinter,
+        *,
+        url: Any = None,
+        userinfo: bytes | str = "",
         query: bytes = b"",
     ) -> None:
         self.origin = origin
+        self._url = url  # when given, its userinfo and query are read only if needed
         self._query = query
         self._headers = headers
         self._userinfo = userinfo
@@ -187,10 +192,12 @@ class ScopeFacts:
     @property
     def credential(self) -> str:
         if self._credential is None:
-            userinfo = self._userinfo
+            userinfo, query = self._userinfo, self._query
+            if self._url is not None:
+                userinfo, query = self._url.userinfo, self._url.query
             if isinstance(userinfo, bytes):
                 userinfo = userinfo.decode("latin-1")
-            self._credential = self._fingerprint(self._headers, userinfo, self._query)
+            self._credential = self._fingerprint(self._headers, userinfo, query)
         return self._credential
 
     def key(self, kind: ScopeKind) -> ScopeKey:

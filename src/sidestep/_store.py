@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from . import _circuit as circuit
 from ._circuit import Circuit, Entry, State
@@ -86,8 +86,9 @@ class Transition:
     retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+class Admission(NamedTuple):
+    """How admission went: made per request, so a tuple (the cheapest value to build)."""
+
     ticket: Ticket | None  # None: refused
     refusal: Refusal | None = None  # why refused (in observe mode: why it would have been)
     transitions: tuple[Transition, ...] = ()
