@@ -3,13 +3,16 @@
 `RedisServer` runs ``redis-server`` as a subprocess with no persistence and
 a password (so every URL carries one, as production URLs do), waits until it
 answers PING, and can be stopped and restarted on the same port to stage an
-outage. A machine without redis-server gets a clear error, never a skip.
+outage. `DelayProxy` sits in front of one to make its replies slow or late.
+A machine without redis-server gets a clear error, never a skip.
 """
 
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
+import threading
 import time
 import uuid
 
@@ -101,3 +104,68 @@ class RedisServer:
 def fresh_prefix() -> str:
     """A prefix nobody else uses, so tests sharing one server never see each other's keys."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 in front of `server` that holds back the server's replies.
+
+    Every chunk the server sends waits `delay` seconds, or `hold(n, seconds)`
+    delays only the next `n`; `replies` counts the chunks passed on (one per
+    reply for the small replies a store gets, when its commands are not pipelined).
+    """
+
+    def __init__(self, server: RedisServer) -> None:
+        self.delay = 0.0
+        self.replies = 0
+        self._held, self._held_for = 0, 0.0
+        self._target = server.port
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"redis://:{server.password}@127.0.0.1:{self.port}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def hold(self, n: int, seconds: float) -> None:
+        """Delay the next `n` replies (whichever connection they are on) by `seconds`."""
+        with self._lock:
+            self._held, self._held_for = n, seconds
+
+    def close(self) -> None:
+        self._listener.close()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+        for sock in sockets:
+            sock.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self._target))
+            except OSError:
+                return
+            with self._lock:
+                self._sockets += (client, upstream)
+            threading.Thread(target=self._pipe, args=(client, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, True), daemon=True).start()
+
+    def _pause(self) -> float:
+        with self._lock:
+            self.replies += 1
+            if self._held:
+                self._held -= 1
+                return self._held_for
+            return self.delay
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                if replies:
+                    time.sleep(self._pause())
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            source.close()
+            sink.close()

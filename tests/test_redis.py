@@ -2,14 +2,19 @@
 
 The semantics themselves are pinned by tests/test_store.py, which runs every
 store test on both stores; here a random differential test holds RedisStore
-to MemoryStore's answers, and socket-level tests run the transports in four
-spawned worker processes sharing one prefix.
+to MemoryStore's answers, socket-level tests stage slow, lost and missing
+replies (`DelayProxy`, a silent socket, a stopped server), and the
+transports run in four spawned worker processes sharing one prefix.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import gc
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import queue
@@ -30,22 +35,32 @@ from hypothesis import strategies as st
 
 import sidestep
 from drivers import route
-from redis_server import PASSWORD, RedisServer, fresh_prefix
+from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, FailureRate, Suspensions
-from sidestep._redis import RedisStore
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._redis import RedisStore, _LocalTicket, _RedisTicket
+from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
 from upstream import Hang, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
 FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+# One probe at a time, so a slot taken is a scope shut.
+ONE_PROBE = BreakerPolicy(failure_threshold=2, cooldown=5, max_cooldown=60, half_open_probes=1)
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture
+def proxy(redis_server: RedisServer) -> Iterator[DelayProxy]:
+    """A proxy in front of the session's Redis that can make its replies late."""
+    delaying = DelayProxy(redis_server)
+    yield delaying
+    delaying.close()
 
 
 def store_on(url: str, **kw: Any) -> RedisStore:
@@ -70,6 +85,26 @@ def open_scope(store: Any, policy: BreakerPolicy, now: float = 0.0) -> None:
         ticket = store.admit(facts(store), policy, now).ticket
         assert ticket is not None
         store.record(ticket, FAIL, policy, Suspensions(), now)
+
+
+def model_scope(store: Any) -> ScopeKey:
+    """The scope FAIL opens for `facts(store)`."""
+    return facts(store).key(ScopeKind.MODEL)
+
+
+def leases(server: RedisServer, store: RedisStore, key: ScopeKey) -> dict[str, float]:
+    """The probe leases the server keeps on `key`'s scope: token -> seconds left."""
+    with server.client() as client:
+        text = client.hget(f"{store._prefix}:s:{key.scope_id}", "pl") or ""
+        seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros / 1000
+    pairs = (entry.split("=") for entry in text.split(";") if entry)
+    return {token: (int(until) - now_ms) / 1000 for token, until in pairs if int(until) > now_ms}
+
+
+def between(value: float, low: float, high: float, slack: float = 0.002) -> bool:
+    """`low <= value <= high`, give or take the millisecond rounding of server times."""
+    return low - slack <= value <= high + slack
 
 
 # --- the same answers as MemoryStore -------------------------------------------------------
@@ -137,6 +172,18 @@ def snapshot_view(store: Any, now: float) -> list[tuple[Any, ...]]:
     )
 
 
+def same(got: Any, expected: Any) -> bool:
+    """Equal, times within a microsecond: the stores add and subtract times in different orders."""
+    if isinstance(expected, float) and isinstance(got, float):
+        return math.isclose(got, expected, rel_tol=0.0, abs_tol=1e-6)  # inf is close to inf
+    if dataclasses.is_dataclass(expected) and type(got) is type(expected):
+        fields = dataclasses.fields(expected)
+        return all(same(getattr(got, f.name), getattr(expected, f.name)) for f in fields)
+    if isinstance(expected, (tuple, list)) and isinstance(got, (tuple, list)):
+        return len(got) == len(expected) and all(map(same, got, expected))
+    return bool(got == expected)
+
+
 @settings(
     max_examples=60,
     deadline=None,
@@ -160,7 +207,7 @@ def test_redis_store_answers_exactly_like_memory_store(
             if op[0] == "admit":
                 m = memory.admit(facts(memory, op[1], op[2]), policy, now)
                 r = shared.admit(facts(shared, op[1], op[2]), policy, now)
-                assert admission_view(r) == admission_view(m)
+                assert same(admission_view(r), admission_view(m)), (r, m)
                 if m.ticket is not None and r.ticket is not None:
                     tickets.append((m.ticket, r.ticket))
             elif op[0] == "record" and tickets:
@@ -168,7 +215,7 @@ def test_redis_store_answers_exactly_like_memory_store(
                 verdict = VERDICTS[op[2]]
                 expected = memory.record(mt, verdict, policy, suspensions, now)
                 got = shared.record(rt, verdict, policy, suspensions, now)
-                assert transitions_view(got) == transitions_view(expected)
+                assert same(transitions_view(got), transitions_view(expected)), (got, expected)
             elif op[0] == "release" and tickets:
                 mt, rt = tickets[op[1] % len(tickets)]
                 memory.release(mt)
@@ -180,14 +227,15 @@ def test_redis_store_answers_exactly_like_memory_store(
                 if ids:
                     scope_id = ids[op[1] % len(ids)]
                     assert shared.clear(scope_id) == memory.clear(scope_id)
-            assert snapshot_view(shared, now) == snapshot_view(memory, now)
+            got_snapshot, expected_snapshot = snapshot_view(shared, now), snapshot_view(memory, now)
+            assert same(got_snapshot, expected_snapshot), (got_snapshot, expected_snapshot)
             assert len(shared) == len(memory)
         assert shared.fallbacks == 0
     finally:
         shared.close()
 
 
-# --- one round trip, and no key on the healthy path ---------------------------------------------
+# --- round trips: one per call, and no key on the healthy path ----------------------------------
 
 
 def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
@@ -214,6 +262,43 @@ def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
     store.close()
 
 
+def test_a_new_connection_costs_three_replies_then_one_per_call(proxy: DelayProxy) -> None:
+    """A new connection costs three replies before the call's own (none for CLIENT SETINFO, no NOSCRIPT detour): authentication, loading the script, the call; later calls cost one."""
+    store = store_on(proxy.url)
+    p = BreakerPolicy()
+    store.admit(facts(store), p, 0)
+    assert proxy.replies == 3
+    store.admit(facts(store), p, 0)
+    assert proxy.replies == 4
+
+    async def twice() -> None:
+        for _ in range(2):
+            await store.admit_async(facts(store), p, 0)
+        await store.aclose()
+
+    asyncio.run(twice())
+    assert proxy.replies == 4 + 3 + 1
+    store.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "anyio_backend", ["asyncio"]
+)  # under trio a worker thread runs the sync client
+async def test_an_async_call_is_bounded_as_a_whole_by_the_timeout(
+    anyio_backend: str, proxy: DelayProxy
+) -> None:
+    """When every reply takes more than half the timeout, the first async admission (connect, authenticate, load, call) falls back within about the timeout, not after all its replies."""
+    proxy.delay = 0.15
+    store = store_on(proxy.url, timeout=0.25)
+    started = time.monotonic()
+    admission = await store.admit_async(facts(store), BreakerPolicy(), 0)
+    waited = time.monotonic() - started
+    assert isinstance(admission.ticket, _LocalTicket) and store.fallbacks == 1
+    assert 0.25 <= waited < 2 * 0.25
+    await store.aclose()
+
+
 # --- the server's clock -----------------------------------------------------------------------
 
 
@@ -224,27 +309,211 @@ def test_server_clock_decides_windows_and_times_return_on_each_callers_clock(
     prefix = fresh_prefix()
     a, b = RedisStore(redis_url, prefix=prefix), RedisStore(redis_url, prefix=prefix)
     p = BreakerPolicy(failure_threshold=2, cooldown=0.4, max_cooldown=10)
-    changes: list[Transition] = []
-    for _ in range(2):
-        ticket = a.admit(facts(a), p, 1000.0).ticket
-        assert ticket is not None
-        changes += a.record(ticket, FAIL, p, Suspensions(), 1000.0)
-    (opened,) = changes
-    assert opened.retry_in == pytest.approx(0.4, abs=0.05)
+    first = a.admit(facts(a), p, 1000.0).ticket
+    assert first is not None
+    a.record(first, FAIL, p, Suspensions(), 1000.0)
+    second = a.admit(facts(a), p, 1000.0).ticket
+    assert second is not None
+    opening = time.monotonic()  # the window opens on the server between these two readings
+    (opened,) = a.record(second, FAIL, p, Suspensions(), 1000.0)
+    opened_by = time.monotonic()
+    assert opened.retry_in == pytest.approx(0.4, abs=1e-6)  # measured from the server's now
+
+    asked = time.monotonic()
     refused = b.admit(facts(b), p, 5_000_000.0)  # the model's scope: no credential in it
+    answered = time.monotonic()
     assert refused.ticket is None and refused.refusal is not None
-    assert refused.refusal.retry_at == pytest.approx(5_000_000.4, abs=0.05)
+    # What was left of the window when the server answered, put on b's clock.
+    assert between(
+        refused.refusal.retry_at - 5_000_000.0,
+        0.4 - (answered - opening),
+        0.4 - (asked - opened_by),
+    )
+    asked = time.monotonic()
     (status,) = a.snapshot(1000.0)
-    assert status.retry_at == pytest.approx(1000.4, abs=0.05)
-    assert status.retry_in == pytest.approx(0.4, abs=0.05)
-    time.sleep(0.45)  # the server's clock moves; the callers' clocks say no time passed
-    probe = b.admit(facts(b), p, 5_000_000.0)
+    answered = time.monotonic()
+    assert status.retry_in is not None
+    assert between(status.retry_in, 0.4 - (answered - opening), 0.4 - (asked - opened_by))
+    assert status.retry_at == pytest.approx(1000.0 + status.retry_in, abs=1e-6)
+
+    while (
+        probe := b.admit(facts(b), p, 5_000_000.0)
+    ).ticket is None:  # callers' clocks stand still
+        assert time.monotonic() - opening < 5
+        time.sleep(0.01)
+    assert time.monotonic() - opening >= 0.4 - 0.002  # the server's clock moved on
     assert probe.ticket is not None and probe.ticket.probes
     a.close()
     b.close()
 
 
+# --- probe leases ------------------------------------------------------------------------------
+
+
+def test_probe_lease_is_the_one_passed_in_else_the_stores_default(
+    redis_server: RedisServer,
+) -> None:
+    """A probe admitted with a lease holds its slot that long on the server and then frees it; one admitted without gets the store's probe_lease."""
+    store = store_on(redis_server.url, probe_lease=30.0)
+    open_scope(store, ONE_PROBE)
+    key = model_scope(store)
+    started = time.monotonic()
+    short = store.admit(facts(store), ONE_PROBE, 10.0, lease=0.5).ticket
+    assert short is not None and short.probes
+    ((left,),) = [leases(redis_server, store, key).values()]
+    assert between(left, 0.5 - (time.monotonic() - started), 0.5)
+    assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None  # the slot is taken
+    while (after := store.admit(facts(store), ONE_PROBE, 10.0).ticket) is None:
+        assert time.monotonic() - started < 5
+        time.sleep(0.01)
+    assert time.monotonic() - started >= 0.5 - 0.002  # not before its lease ended
+    assert after.probes
+    ((left,),) = [leases(redis_server, store, key).values()]
+    assert 29.0 < left <= 30.0  # no lease passed in: the store's default
+    store.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "anyio_backend", ["asyncio"]
+)  # under trio a worker thread runs the sync client
+async def test_a_cancelled_admission_gives_its_probe_slot_back_at_once(
+    anyio_backend: str, redis_server: RedisServer, proxy: DelayProxy
+) -> None:
+    """An async admission cancelled while its reply is on the way gives back the probe slot the server gave it, so another host probes right away."""
+    prefix = fresh_prefix()
+    direct = store_on(redis_server.url, prefix=prefix, fingerprint_key="k")
+    slow = store_on(proxy.url, prefix=prefix, fingerprint_key="k", timeout=5.0)
+    open_scope(direct, ONE_PROBE)
+    key = model_scope(direct)
+    try:
+        warm = await slow.admit_async(facts(slow, model="warm"), ONE_PROBE, 0.0)
+        assert warm.ticket is not None  # connected, and the origin is known to be unhealthy
+        proxy.hold(1, 3.0)  # the next reply: the probe's admission
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow.admit_async, facts(slow), ONE_PROBE, 10.0)
+            for _ in range(500):  # poll the server: a condition on another process
+                if leases(redis_server, slow, key):  # the server gave it the slot
+                    break
+                await anyio.sleep(0.01)
+            else:
+                pytest.fail("the admission never reached the server")
+            tg.cancel_scope.cancel()
+        assert leases(redis_server, slow, key) == {}
+        probe = direct.admit(facts(direct), ONE_PROBE, 10.0)
+        assert probe.ticket is not None and probe.ticket.probes
+        assert slow.fallbacks == 0  # a cancellation is no outage
+    finally:
+        await slow.aclose()
+        slow.close()
+        direct.close()
+
+
+def test_a_timed_out_admission_gives_its_probe_slot_back(
+    redis_server: RedisServer, proxy: DelayProxy
+) -> None:
+    """An admission whose reply comes after the timeout is served from memory and gives its probe slot back: at once if Redis takes the drop, else with the next call that succeeds."""
+    prefix = fresh_prefix()
+    direct = store_on(redis_server.url, prefix=prefix, fingerprint_key="k")
+    slow = store_on(proxy.url, prefix=prefix, fingerprint_key="k", retry_interval=0)
+    open_scope(direct, ONE_PROBE)
+    key = model_scope(direct)
+    assert slow.admit(facts(slow, model="warm"), ONE_PROBE, 0.0).ticket is not None
+
+    proxy.hold(1, 1.0)  # only the admission's reply is late: the drop goes through at once
+    late = slow.admit(facts(slow), ONE_PROBE, 10.0)
+    assert isinstance(late.ticket, _LocalTicket) and slow.fallbacks == 1
+    assert leases(redis_server, slow, key) == {}
+    probe = direct.admit(facts(direct), ONE_PROBE, 10.0).ticket
+    assert probe is not None and probe.probes
+    direct.release(probe)
+
+    proxy.delay = 1.0  # every reply is late: the drop waits
+    late = slow.admit(facts(slow), ONE_PROBE, 10.0)
+    assert isinstance(late.ticket, _LocalTicket) and slow.fallbacks == 2
+    assert len(leases(redis_server, slow, key)) == 1  # taken by the lost admission
+    assert direct.admit(facts(direct), ONE_PROBE, 10.0).ticket is None
+    proxy.delay = 0.0
+    assert len(slow) == 1  # the next call that succeeds takes the drop along
+    assert leases(redis_server, slow, key) == {}
+    probe = direct.admit(facts(direct), ONE_PROBE, 10.0).ticket
+    assert probe is not None and probe.probes
+    direct.close()
+    slow.close()
+
+
+def test_an_admission_reaching_redis_after_its_drop_takes_nothing(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admission that reaches the server only after the drop that gave it up (on another connection) takes no probe slot."""
+    store = store_on(redis_server.url)
+    open_scope(store, ONE_PROBE)
+    key = model_scope(store)
+    monkeypatch.setattr("sidestep._redis._token", lambda keys: "given-up")
+    store._queue_drops([("given-up", "5000", "1", key.scope_id)])
+    store._send_drops()  # the drop overtook its admission
+    assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None
+    assert leases(redis_server, store, key) == {}
+    monkeypatch.undo()
+    probe = store.admit(facts(store), ONE_PROBE, 10.0).ticket
+    assert probe is not None and probe.probes
+    store.close()
+
+
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_stores_forked_from_one_parent_never_free_each_others_probes(redis_url: str) -> None:
+    """Processes forked after the store was built name their probe leases apart: one releasing its probe leaves the other's slot taken."""
+    p = BreakerPolicy(failure_threshold=2, cooldown=1, max_cooldown=10, half_open_probes=2)
+    store = store_on(redis_url, fingerprint_key="k")
+    open_scope(store, p)  # in the parent, before forking
+    context = multiprocessing.get_context("fork")
+    mine, theirs = context.Pipe()
+
+    def child() -> None:  # pragma: no cover - runs in the forked process
+        ticket = store.admit(facts(store), p, 5.0).ticket
+        assert isinstance(ticket, _RedisTicket) and ticket.probes
+        theirs.send(ticket.token)
+        theirs.recv()  # the parent holds its own probe now
+        store.release(ticket)
+        theirs.send("released")
+
+    process = context.Process(target=child)
+    process.start()
+    try:
+        child_token = mine.recv()
+        probe = store.admit(facts(store), p, 5.0).ticket
+        assert isinstance(probe, _RedisTicket) and probe.probes
+        assert probe.token != child_token
+        mine.send("go")
+        assert mine.recv() == "released"
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+    assert process.exitcode == 0
+    assert store._hot  # the origin is still known unhealthy: admissions carry their keys
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        kept = client.hget(f"{store._prefix}:s:{model_scope(store).scope_id}", "pl") or ""
+    assert [entry.split("=")[0] for entry in kept.split(";")] == [probe.token]
+    assert store.admit(facts(store), p, 5.0).ticket is not None  # the child's slot is free
+    assert store.admit(facts(store), p, 5.0).ticket is None  # the parent's is still taken
+    store.close()
+
+
 # --- redaction ---------------------------------------------------------------------------------
+
+
+def chain(exc: BaseException | None) -> list[BaseException]:
+    """`exc` and every exception it carries as cause or context."""
+    found: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if e is not None and all(e is not f for f in found):
+            found.append(e)
+            todo += (e.__cause__, e.__context__)
+    return found
 
 
 def test_password_never_appears_in_logs_errors_or_reprs(redis_server: RedisServer) -> None:
@@ -267,15 +536,28 @@ def test_password_never_appears_in_logs_errors_or_reprs(redis_server: RedisServe
             open_scope(store, p)
             texts += [repr(store), str(store.snapshot(1)), repr(store.admit(facts(store), p, 1))]
             store.close()
-        with pytest.raises(ValueError, match="not a usable Redis URL") as info:
-            RedisStore(f"redis://:{PASSWORD}@127.0.0.1:notaport/0")
-        texts += [str(info.value), repr(info.value), repr(info.value.__cause__)]
     events = [e for e in logs if e["event"] == "store.unavailable"]
     assert len(events) == 2  # the wrong password and the dead port; the good URL never fell back
     assert {e["error"] for e in events} == {"AuthenticationError", "ConnectionError"}
     everything = repr(logs) + "".join(texts)
     assert PASSWORD not in everything and wrong not in everything
     assert f"127.0.0.1:{redis_server.port}" in everything  # the server is still named
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://:{PASSWORD}@127.0.0.1:notaport/0",
+        f"redis://:{PASSWORD}/x@127.0.0.1:6379/0",  # an unencoded "/": the password reads as a port
+        f"redis://:{PASSWORD}@127.0.0.1:6379/0?socket_timeout=abc",
+    ],
+)
+def test_a_malformed_url_is_refused_without_its_password_anywhere_in_the_error(url: str) -> None:
+    """The error for a malformed URL carries no exception, as cause or context, that quotes its password."""
+    with pytest.raises(ValueError, match="not a usable Redis URL") as info:
+        RedisStore(url)
+    for exc in chain(info.value):
+        assert PASSWORD not in str(exc) and PASSWORD not in repr(exc)
 
 
 # --- expiry ------------------------------------------------------------------------------------------
@@ -329,20 +611,110 @@ def test_falls_back_to_memory_and_returns_when_redis_answers(own_redis: RedisSer
         assert store.record(redis_ticket, FAIL, p, Suspensions(), 0) == ()  # dropped
         local = [store.admit(facts(store), p, 0).ticket for _ in range(5)]
         assert store.fallbacks == 1  # one failed call, then memory until the retry is due
-        assert all(t is not None and type(t) is Ticket for t in local)
+        assert all(isinstance(t, _LocalTicket) for t in local)
         for t in local[:2]:
             assert t is not None
             store.record(t, FAIL, p, Suspensions(), 0)  # recorded in memory
         assert store.admit(facts(store), p, 1).ticket is None  # memory opened the scope
         own_redis.start()
-        time.sleep(0.35)
+
+        def back_on_redis() -> bool:
+            ticket = store.admit(facts(store, model="other"), p, 1).ticket
+            return isinstance(ticket, _RedisTicket)
+
+        wait_for(back_on_redis)
         back = store.admit(facts(store), p, 1)
-        assert back.ticket is not None and type(back.ticket) is not Ticket  # Redis again
+        assert isinstance(back.ticket, _RedisTicket)  # Redis's state: not opened there
         store.record(back.ticket, FAIL, p, Suspensions(), 1)
-        assert [s.failures for s in store.snapshot(1)] == [1]  # Redis's state, not memory's
+        assert [s.failures for s in store.snapshot(1)] == [1]
     assert [e["event"] for e in logs] == ["store.unavailable", "store.recovered"]
     assert logs[0]["operation"] == "record" and logs[0]["log_level"] == "warning"
     store.close()
+
+
+def test_local_state_is_forgotten_when_redis_answers_again(own_redis: RedisServer) -> None:
+    """What the fallback learnt in one outage is gone once Redis answers: nothing left behind locally, no refusal in the next outage, and a late verdict from the first outage lands nowhere."""
+    store = store_on(own_redis.url, retry_interval=0)
+    p = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
+    own_redis.stop()
+    open_scope(store, p)  # in memory
+    late = store.admit(facts(store, model="late"), p, 0).ticket
+    assert isinstance(late, _LocalTicket)
+    assert store.admit(facts(store), p, 1).ticket is None
+    own_redis.start()
+    back = store.admit(facts(store), p, 1)
+    assert isinstance(back.ticket, _RedisTicket)
+    assert store.snapshot(1) == [] and len(store._fallback) == 0
+    late_model = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+    store.record(late, late_model, p, Suspensions(), 1)  # to the store that issued it
+    assert len(store._fallback) == 0 and store.snapshot(1) == []
+    own_redis.stop()  # the next outage
+    again = store.admit(facts(store), p, 2)
+    assert isinstance(again.ticket, _LocalTicket) and again.refusal is None
+    store.close()
+
+
+def test_clear_reaches_redis_even_while_it_is_deemed_down(
+    redis_server: RedisServer, proxy: DelayProxy
+) -> None:
+    """clear() during the back-off after an outage clears the scope in Redis, for every process, and in the local fallback alike."""
+    prefix = fresh_prefix()
+    p = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
+    slow = store_on(proxy.url, prefix=prefix, retry_interval=600)
+    other = store_on(redis_server.url, prefix=prefix)
+    open_scope(slow, p)  # in Redis
+    (status,) = other.snapshot(0)
+    proxy.delay = 1.0
+    assert (
+        slow.admit(facts(slow), p, 1).ticket is not None
+    )  # timed out: memory, which knows nothing
+    open_scope(slow, p, 1)  # in memory too
+    assert [s.scope_id for s in slow.snapshot(1)] == [status.scope_id]  # the fallback's
+    proxy.delay = 0.0
+    assert slow.clear(status.scope_id)
+    assert other.snapshot(1) == []
+    assert len(slow._fallback) == 0
+    slow.close()
+    other.close()
+
+
+def test_one_caller_retries_a_silent_redis_while_the_others_stay_on_memory() -> None:
+    """With Redis silent, 32 threads admitting for a while pay about one timeout per retry window between them, not one each."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(512)  # connections complete in the kernel; nobody ever reads them
+    url = f"redis://:{PASSWORD}@127.0.0.1:{silent.getsockname()[1]}/0"
+    timeout, interval = 0.1, 0.2
+    store = RedisStore(url, prefix=fresh_prefix(), timeout=timeout, retry_interval=interval)
+    p = BreakerPolicy()
+    # Deemed down first: callers already waiting when Redis falls silent all wait it out.
+    assert store.admit(facts(store), p, 0).ticket is not None and store.fallbacks == 1
+    waits: list[float] = []
+    lock = threading.Lock()
+    started = time.monotonic()
+    until = started + 1.0
+
+    def admit_for_a_while() -> None:
+        while time.monotonic() < until:
+            t0 = time.monotonic()
+            assert store.admit(facts(store), p, 0).ticket is not None
+            with lock:
+                waits.append(time.monotonic() - t0)
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=admit_for_a_while) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    windows = (time.monotonic() - started) / interval + 1
+    try:
+        assert len(waits) > 500
+        assert store.fallbacks - 1 <= windows  # one try per window, each paying one timeout
+        assert sum(w >= timeout for w in waits) <= 2 * windows
+    finally:
+        store.close()
+        silent.close()
 
 
 # --- async: the event loop never waits on Redis ------------------------------------------------
@@ -358,7 +730,7 @@ async def test_async_transport_keeps_the_loop_running_while_redis_is_silent(
     silent.listen(64)  # connections complete in the kernel; nobody ever reads them
     port = silent.getsockname()[1]
     upstream = Upstream()
-    store = RedisStore(f"redis://:{PASSWORD}@127.0.0.1:{port}/0", timeout=0.25)
+    store = RedisStore(f"redis://:{PASSWORD}@127.0.0.1:{port}/0", timeout=0.25, retry_interval=60)
     ticks = 0
 
     async def ticker() -> None:
@@ -376,13 +748,12 @@ async def test_async_transport_keeps_the_loop_running_while_redis_is_silent(
             response = await c.get(upstream.url + "/x")
             waited = time.monotonic() - started
             assert response.status_code == 200
-            assert 0.2 < waited < 1.5  # one timeout, then memory
+            assert 0.25 <= waited < 1.5  # one timeout, then memory
             assert ticks - before >= 10  # the loop ran all along
-            started = time.monotonic()
             for _ in range(20):
                 assert (await c.get(upstream.url + "/x")).status_code == 200
-            assert time.monotonic() - started < 0.5  # no further waiting while Redis is down
-            assert store.fallbacks == 1
+            assert store.fallbacks == 1  # no further attempt, so no further wait
+            assert await transport.asuspensions() == []  # the fallback's, at once
             tg.cancel_scope.cancel()
     finally:
         await store.aclose()
@@ -394,14 +765,15 @@ async def test_async_transport_keeps_the_loop_running_while_redis_is_silent(
 async def test_async_transport_shares_state_through_the_async_methods(
     anyio_backend: str, redis_url: str
 ) -> None:
-    """Failures seen by an async transport open the scope in Redis for a sync transport in another store, through the *_async methods."""
+    """Failures seen by an async transport open the scope in Redis for a sync transport in another store, and asuspensions/aclear see and clear it, all through the *_async methods."""
     primary = Upstream(behaviour=lambda seen: Respond(503), name="primary")
     backup = Upstream(name="backup")
     prefix = fresh_prefix()
     config = route(("primary", primary.url + "/v1"), ("backup", backup.url + "/v1"))
     store = RedisStore(redis_url, prefix=prefix, fingerprint_key="shared")
     called: list[str] = []
-    for name in ("admit", "admit_async", "record_async"):
+    spied = ("admit", "admit_async", "record_async", "snapshot", "snapshot_async", "clear")
+    for name in (*spied, "clear_async"):
         method = getattr(store, name)
 
         def spy(*args: Any, _name: str = name, _method: Any = method) -> Any:
@@ -417,8 +789,6 @@ async def test_async_transport_shares_state_through_the_async_methods(
                 response = await client.post(primary.url + "/v1/chat", json={"model": "m"})
                 assert response.extensions["sidestep"]["target"] == "backup"
         assert "admit_async" in called and "record_async" in called
-        if anyio_backend == "asyncio":
-            assert "admit" not in called  # redis.asyncio, no worker thread
         assert [s.state.value for s in other.snapshot(0)] == ["open"]
 
         def from_another_store() -> str:
@@ -429,11 +799,48 @@ async def test_async_transport_shares_state_through_the_async_methods(
 
         assert await anyio.to_thread.run_sync(from_another_store) == "backup"
         assert primary.calls == 2
+
+        (suspension,) = await transport.asuspensions()
+        assert (suspension.target, suspension.state) == ("primary", "open")
+        assert await transport.aclear(suspension.scope_id)
+        assert other.snapshot(0) == []  # cleared for every process
+        assert await transport.asuspensions() == []
+        assert {"snapshot_async", "clear_async"} <= set(called)
+        if anyio_backend == "asyncio":  # redis.asyncio, no worker thread
+            assert not {"admit", "snapshot", "clear"} & set(called)
     finally:
         await store.aclose()
         other.close()
         primary.close()
         backup.close()
+
+
+def test_async_clients_close_with_their_event_loop(own_redis: RedisServer) -> None:
+    """Twenty asyncio.run() calls through one store leave no connection of theirs open, and aclose closes the running loop's client but not the sync one."""
+    store = store_on(own_redis.url)
+    p = BreakerPolicy()
+    with own_redis.client() as admin:
+        base = len(admin.client_list())
+        for _ in range(20):
+            asyncio.run(store.admit_async(facts(store), p, 0))
+        gc.collect()
+        wait_for(lambda: len(admin.client_list()) <= base, timeout=2)
+        assert len(store._async) <= 1  # the last loop's, closed: dropped with the next loop
+
+        assert store.admit(facts(store), p, 0).ticket is not None  # the sync client connects
+
+        async def use_then_aclose() -> None:
+            await store.admit_async(facts(store), p, 0)
+            wait_for(lambda: len(admin.client_list()) == base + 2)  # sync and async
+            await store.aclose()
+            wait_for(lambda: len(admin.client_list()) == base + 1)  # the sync one stays
+
+        asyncio.run(use_then_aclose())
+        assert len(store._async) == 0
+        assert store.admit(facts(store), p, 0).ticket is not None
+        assert len(admin.client_list()) == base + 1  # the same sync connection, still open
+        assert store.fallbacks == 0
+    store.close()
 
 
 # --- four worker processes ----------------------------------------------------------------
@@ -552,11 +959,13 @@ def job(
     """A job: `n` GETs through a route primary -> backup, with a RedisStore on `url`."""
     store = {"url": url, "prefix": breaker.pop("prefix"), "fingerprint_key": "shared-secret"}
     store.update(breaker.pop("store", {}))
+    failover = breaker.pop("failover", {})
     return {
         "config": route(
             ("primary", primary.url + "/v1"),
             ("backup", backup.url + "/v1"),
             breaker={"failure_threshold": 2, "cooldown": 30, **breaker},
+            failover=failover,
         ),
         "store": store,
         "url": primary.url + "/v1/chat",
@@ -605,30 +1014,32 @@ def test_exactly_half_open_probes_across_processes(
 def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
     workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
 ) -> None:
-    """A process killed while holding the probe keeps the slot only until its lease ends; then another process probes."""
+    """A process killed while holding the probe keeps the slot only until its lease (here the request's total_timeout) ends; then another process probes."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
+    lease = 3.0
     spec = job(
-        redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3, store={"probe_lease": 1.0}
-    )
+        redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3,
+        failover={"total_timeout": lease},
+    )  # fmt: skip
     workers.run(0, **{**spec, "n": 2})
     primary.behaviour = lambda seen: Hang()
-    time.sleep(0.4)
+    time.sleep(0.4)  # the window (0.3 s) ends
     victim = Workers(1)
     try:
+        before = time.monotonic()  # the probe's request starts after this: its lease ends later
         victim.submit(0, **spec)
         wait_for(lambda: primary.calls == 3, timeout=20)
-        probed = time.monotonic()
         os.kill(victim.processes[0].pid or 0, signal.SIGKILL)
         primary.behaviour = lambda seen: Respond(body="primary")
         assert workers.run(1, **spec) == ["200 backup"]  # the dead probe still holds the slot
-        assert time.monotonic() - probed < 1.0
+        assert time.monotonic() - before < lease, "too slow to tell: the lease may have ended"
         assert primary.calls == 3
         results: list[str] = []
         while "200 primary" not in results:
-            assert time.monotonic() - probed < 10
+            assert time.monotonic() - before < lease + 20
             results = workers.run(2, **spec)
-        assert time.monotonic() - probed >= 0.9  # not before the lease ended
+        assert time.monotonic() - before >= lease - 0.01  # not before the lease ended
         assert primary.calls == 4
     finally:
         victim.processes[0].join(5)

@@ -15,7 +15,14 @@ is part of a key's name):
 - ``P:f:<origin hash>`` — the sequence number of the last time one of that
   origin's scopes was forgotten (the staleness rule of healthy tickets);
 - ``P:i`` — every scope, scored by expiry: the cap, snapshots and counts;
-- ``P:seq`` — the generation sequence.
+- ``P:seq`` — the generation sequence;
+- ``P:d:<token>`` — an admission given up (its reply was lost), for as long
+  as its lease: if it reaches the server after the ``drop`` that gave it up,
+  it changes nothing.
+
+Key names are built inside the script from ``ARGV``, so it needs a single
+Redis (or a primary with replicas), not Redis Cluster; ``ZRANGE … BYSCORE``
+needs Redis 6.2 or later.
 
 Two clocks: windows follow ``now`` — the server's ``TIME`` in seconds, or the
 caller's clock when the private test hook asks for it — and times go back
@@ -47,6 +54,7 @@ local SEQ, IDX = P .. ':seq', P .. ':i'
 local function skey(sid) return P .. ':s:' .. sid end
 local function okey(oh) return P .. ':o:' .. oh end
 local function fkey(oh) return P .. ':f:' .. oh end
+local function dkey(token) return P .. ':d:' .. token end
 -- Numbers always cross into Redis as text written here: its own conversion
 -- would round large integers.
 local function num(x) return string.format('%.17g', x) end
@@ -99,6 +107,15 @@ local function save(sid, c)
   redis.call('HSET', skey(sid), 'st', c.st, 'f', int(c.f), 'g', int(c.g), 'b', int(c.b),
              'r', num(c.r), 'w', num(c.w), 'rs', c.rs, 'pl', join(c.pl, show_lease),
              'rt', join(c.rt, show_bucket))
+end
+local function unlease(sid, pl, token)  -- one lease only: a token names one admission
+  for i, l in ipairs(pl) do
+    if l[1] == token then
+      table.remove(pl, i)
+      redis.call('HSET', skey(sid), 'pl', join(pl, show_lease))
+      return
+    end
+  end
 end
 
 -- expiry and the indexes -------------------------------------------------------------------
@@ -248,6 +265,8 @@ if op == 'admit' then
     if sick == 1 then return {1, 0, 1, {}, {}, {}, {}} end
     return {0, seq(), 0, {}, {}, {}, {}}
   end
+  -- Given up by its sender before it got here (see 'drop'): take nothing.
+  if redis.call('EXISTS', dkey(token)) == 1 then return {3, seq(), sick, {}, {}, {}, {}} end
   FLOOR = lease
   local sids, cs, refusal = {}, {}, nil
   for i = 1, n do
@@ -340,11 +359,7 @@ end
 local function release(sid, gen, token)
   local c = load(sid)
   if not c or c.g ~= gen or c.st ~= 'half_open' then return end
-  local kept = {}
-  for _, l in ipairs(c.pl) do
-    if l[1] ~= token then kept[#kept + 1] = l end
-  end
-  redis.call('HSET', skey(sid), 'pl', join(kept, show_lease))
+  unlease(sid, c.pl, token)
 end
 
 if op == 'record' then
@@ -405,6 +420,22 @@ if op == 'clear' then
   if not oh then return 0 end
   bump()
   forget(sid, oh)
+  return 1
+end
+
+-- Admissions whose reply was lost (a timeout, a cancelled task): their probe
+-- leases go at once, and each token is marked so that an admission arriving
+-- after its drop takes nothing.
+if op == 'drop' then
+  for _ = 1, tonumber(arg()) do
+    local token, lease, n = arg(), arg(), tonumber(arg())
+    redis.call('SET', dkey(token), '1', 'PX', lease)
+    for _ = 1, n do
+      local sid = arg()
+      local pl = redis.call('HGET', skey(sid), 'pl')
+      if pl then unlease(sid, leases(pl), token) end
+    end
+  end
   return 1
 end
 
