@@ -182,6 +182,7 @@ class Core:
         self._fingerprint = self.store.fingerprint
         self._origins: dict[tuple[str, str, int | None], str] = {}
         self._own: dict[str, Candidates] = {}
+        self._matched: dict[tuple[str, str], Candidates] = {}
 
     def __repr__(self) -> str:
         return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"
@@ -536,7 +537,13 @@ class Core:
             origin = origin_key(url.scheme, url.host, url.port)
             if len(self._origins) < _CACHE_LIMIT:
                 self._origins[where] = origin
-        cands = self.router.match(origin, path) if self.router.routes else None
+        cands = None
+        if self.router.routes:
+            cands = self._matched.get((origin, path))
+            if cands is None:
+                cands = self.router.match(origin, path)
+                if cands is not None and len(self._matched) < _CACHE_LIMIT:
+                    self._matched[(origin, path)] = cands  # the same answer every time
         if cands is None:
             cands = self._own_origin(origin, url)
         policy = cands.route.policy if cands.route else self.config.failover

@@ -136,14 +136,15 @@ class _SyncShell(_Shell):
                 return stop.value
             value, error = None, None
             try:
-                value = self._perform(effect)
+                if type(effect) is Send:  # the common effect, inline
+                    value = self._inner.handle_request(effect.request)
+                else:
+                    value = self._perform(effect)
             except BaseException as exc:  # the core decides what every failure means
                 error = exc
 
     def _perform(self, effect: Any) -> Any:
-        kind = type(effect)
-        if kind is Send:
-            return self._inner.handle_request(effect.request)
+        kind = type(effect)  # Send is performed inline by _drive
         if kind is Read:
             return self._read(effect)
         if kind is Close:
@@ -223,7 +224,11 @@ class _AsyncShell(_Shell):
                 return stop.value
             value, error = None, None
             try:
-                value = await self._perform(effect)
+                if type(effect) is Send and effect.deadline is None:
+                    # the common effect, inline: no coroutine, no deadline scope
+                    value = await self._inner.handle_async_request(effect.request)
+                else:
+                    value = await self._perform(effect)
             except BaseException as exc:  # the core decides; cancellation comes back out
                 error = exc
 

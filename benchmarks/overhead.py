@@ -1,0 +1,241 @@
+"""Scenario 1, overhead: the cost per request of the transport layer on the healthy path.
+
+An httpx client over `httpx.MockTransport` (no network) sends requests one
+after another: bare, through sidestep (no configuration, and with a route of
+two targets), and through each peer wrapped as a user would wrap it. Async
+and sync clients both. Samples are interleaved (A B C … A B C …); the table
+shows each median in microseconds of CPU time per request (the process's own
+time, so that other work on a busy machine does not count) and its ratio to
+bare httpx.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _bench as b
+import httpx
+from _bench import Row
+
+import sidestep
+
+SCENARIO = "overhead"
+URL = "http://api.example/v1/items"
+ROUTED = {
+    "routes": [
+        {
+            "name": "api",
+            "targets": [
+                {"name": "primary", "url": "http://api.example/v1"},
+                {"name": "backup", "url": "http://backup.example/v1"},
+            ],
+        }
+    ]
+}
+
+
+def _ok(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, content=b'{"ok":true}')
+
+
+def _mock() -> httpx.MockTransport:
+    return httpx.MockTransport(_ok)
+
+
+# -- async --------------------------------------------------------------------------------
+
+AsyncMaker = Callable[[], httpx.AsyncBaseTransport]
+
+
+def _async_variants() -> tuple[dict[str, AsyncMaker], list[str]]:
+    variants: dict[str, AsyncMaker] = {
+        "httpx (bare)": _mock,
+        "sidestep": lambda: sidestep.AsyncFailoverTransport(transport=_mock()),
+        "sidestep, routed": lambda: sidestep.AsyncFailoverTransport(ROUTED, transport=_mock()),
+    }
+    plan = b.Plan(("http://api.example/v1", "http://backup.example/v1"), 5.0, 30.0, 60.0)
+    ready, absent = b.available(b.PEERS)
+    for name in ready:
+        variants[name] = lambda name=name: b.PEERS[name][1](_mock(), plan)
+    return variants, absent
+
+
+async def _async_sample(make: AsyncMaker, requests: int) -> float:
+    async with httpx.AsyncClient(transport=make()) as client:
+        for _ in range(20):  # warm-up: lazily built state, caches
+            await client.get(URL)
+        gc.collect()
+        started = time.process_time()
+        for _ in range(requests):
+            await client.get(URL)
+        return (time.process_time() - started) / requests
+
+
+# -- sync ---------------------------------------------------------------------------------
+
+SyncMaker = Callable[[], httpx.BaseTransport]
+
+
+class _SyncGuard(httpx.BaseTransport):
+    """A sync peer breaker per host around an inner transport (what a user of it writes)."""
+
+    def __init__(self, inner: httpx.BaseTransport, guard: Callable[..., Any]) -> None:
+        self._inner = inner
+        self._guard = guard
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        def send() -> httpx.Response:
+            response = self._inner.handle_request(request)
+            if response.status_code >= 500:
+                response.close()
+                raise b.Unhealthy(response.status_code)
+            return response
+
+        response: httpx.Response = self._guard(request.url.netloc.decode(), send)
+        return response
+
+
+def _pybreaker_sync() -> httpx.BaseTransport:
+    import pybreaker
+
+    breakers: dict[str, Any] = {}
+
+    def guard(host: str, send: Callable[[], httpx.Response]) -> httpx.Response:
+        breaker = breakers.get(host) or breakers.setdefault(
+            host, pybreaker.CircuitBreaker(fail_max=b.THRESHOLD, reset_timeout=30)
+        )
+        response: httpx.Response = breaker.call(send)
+        return response
+
+    return _SyncGuard(_mock(), guard)
+
+
+def _circuitbreaker_sync() -> httpx.BaseTransport:
+    import circuitbreaker
+
+    guarded: dict[str, Callable[..., httpx.Response]] = {}
+
+    def through(send: Callable[[], httpx.Response]) -> httpx.Response:
+        return send()
+
+    def guard(host: str, send: Callable[[], httpx.Response]) -> httpx.Response:
+        wrapped = guarded.get(host)
+        if wrapped is None:
+            breaker = circuitbreaker.CircuitBreaker(
+                failure_threshold=b.THRESHOLD, recovery_timeout=30, name=f"bench-sync-{host}"
+            )
+            wrapped = guarded[host] = breaker(through)
+        return wrapped(send)
+
+    return _SyncGuard(_mock(), guard)
+
+
+def _interlock_sync() -> httpx.BaseTransport:
+    from interlock.integrations.httpx import CircuitBreakerTransport
+
+    transport: httpx.BaseTransport = CircuitBreakerTransport(_mock())
+    return transport
+
+
+def _retries_sync() -> httpx.BaseTransport:
+    from httpx_retries import Retry, RetryTransport
+
+    transport: httpx.BaseTransport = RetryTransport(transport=_mock(), retry=Retry(total=1))
+    return transport
+
+
+def _sync_variants() -> dict[str, SyncMaker]:
+    variants: dict[str, SyncMaker] = {
+        "httpx (bare)": _mock,
+        "sidestep": lambda: sidestep.FailoverTransport(transport=_mock()),
+        "sidestep, routed": lambda: sidestep.FailoverTransport(ROUTED, transport=_mock()),
+    }
+    peers: dict[str, SyncMaker] = {
+        "interlock-cb": _interlock_sync,
+        "pybreaker": _pybreaker_sync,
+        "circuitbreaker": _circuitbreaker_sync,
+        "httpx-retries": _retries_sync,
+    }
+    ready, _ = b.available(peers)
+    variants.update({name: peers[name] for name in ready})
+    return variants
+
+
+def _sync_sample(make: SyncMaker, requests: int) -> float:
+    with httpx.Client(transport=make()) as client:
+        for _ in range(20):
+            client.get(URL)
+        gc.collect()
+        started = time.process_time()
+        for _ in range(requests):
+            client.get(URL)
+        return (time.process_time() - started) / requests
+
+
+# -- the scenario ------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> list[Row]:
+    rounds, requests = (1, 30) if quick else (15, 2000)
+    async_variants, absent = _async_variants()
+    sync_variants = _sync_variants()
+    times: dict[str, list[float]] = {}
+
+    async def measure_async() -> None:
+        for _ in range(rounds):
+            for name, make in async_variants.items():
+                times.setdefault(f"async {name}", []).append(await _async_sample(make, requests))
+
+    with b.quiet_logs():
+        asyncio.run(measure_async())
+        for _ in range(rounds):
+            for name, make in sync_variants.items():
+                times.setdefault(f"sync {name}", []).append(_sync_sample(make, requests))
+    medians = {name: b.median(samples) * 1e6 for name, samples in times.items()}
+    rows: list[Row] = []
+    for flavour in ("async", "sync"):
+        bare = medians[f"{flavour} httpx (bare)"]
+        for name, value in medians.items():
+            if name.startswith(flavour + " "):
+                ratio = b.ratio(value, bare)
+                rows.append(
+                    b.row(SCENARIO, f"{name}", value, "µs/request", f"{ratio:.2f}x bare httpx")
+                )
+    rows += b.absent_rows(SCENARIO, absent)
+    return rows + _verdicts(medians, rounds, requests)
+
+
+def _verdicts(medians: dict[str, float], rounds: int, requests: int) -> list[Row]:
+    rows = []
+    note = f"median of {rounds} interleaved samples of {requests} requests"
+    for flavour in ("async", "sync"):
+        bare = medians[f"{flavour} httpx (bare)"]
+        ours = b.ratio(medians[f"{flavour} sidestep, routed"], bare)
+        rows.append(
+            b.verdict(
+                SCENARIO,
+                f"{flavour}: sidestep (routed) <= 1.10x bare httpx per request",
+                ours,
+                "x",
+                ours <= 1.10,
+                f"+{medians[f'{flavour} sidestep, routed'] - bare:.1f} µs/request; {note}",
+            )
+        )
+        peer = medians.get(f"{flavour} interlock-cb")
+        if peer is not None:
+            theirs = b.ratio(peer, bare)
+            rows.append(
+                b.verdict(
+                    SCENARIO,
+                    f"{flavour}: sidestep below interlock-cb's transport",
+                    ours,
+                    "x",
+                    ours < theirs,
+                    f"interlock-cb {theirs:.2f}x",
+                )
+            )
+    return rows
