@@ -215,7 +215,9 @@ async def test_cancelled_while_recording_loses_no_connection(a: Upstream) -> Non
 
         with anyio.move_on_after(0.15):
             await call()
-        assert await call() == b"data: 1\n\ndata: 2\n\n"  # no PoolTimeout: the one connection is free
+        assert (
+            await call() == b"data: 1\n\ndata: 2\n\n"
+        )  # no PoolTimeout: the one connection is free
 
 
 @pytest.mark.anyio
@@ -227,7 +229,10 @@ async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstre
     inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1))
     cfg = {"breaker": {"failure_threshold": 2}, "failover": {"first_byte_timeout": 0.3}}
     transport = sidestep.AsyncFailoverTransport(cfg, transport=inner)
-    async with httpx.AsyncClient(transport=transport, timeout=5) as client, anyio.create_task_group() as tg:
+    async with (
+        httpx.AsyncClient(transport=transport, timeout=5) as client,
+        anyio.create_task_group() as tg,
+    ):
 
         async def hog() -> None:
             async with client.stream("GET", a.url + "/slow") as r:

@@ -65,11 +65,19 @@ def test_candidates_are_the_matched_target_then_the_others_in_order() -> None:
 
 def test_ipv6_literals_are_bracketed() -> None:
     """An IPv6 target keeps its brackets in the Host header and in what logs show."""
-    target = Router(
-        Config.model_validate(
-            {"routes": [{"name": "r", "targets": [{"name": "six", "url": "http://[::1]:8080/v1"}]}]}
+    target = (
+        Router(
+            Config.model_validate(
+                {
+                    "routes": [
+                        {"name": "r", "targets": [{"name": "six", "url": "http://[::1]:8080/v1"}]}
+                    ]
+                }
+            )
         )
-    ).routes["r"].targets[0]
+        .routes["r"]
+        .targets[0]
+    )
     assert target.host_header == "[::1]:8080"
     assert target.shown == "http://[::1]:8080"
     assert display_origin("https", "::1", 443) == "https://[::1]"

@@ -29,7 +29,9 @@ class ProbeSlots(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.policy = BreakerPolicy(failure_threshold=2, cooldown=5, max_cooldown=20, half_open_probes=2)
+        self.policy = BreakerPolicy(
+            failure_threshold=2, cooldown=5, max_cooldown=20, half_open_probes=2
+        )
         self.suspensions = Suspensions()
         self.store = MemoryStore()
         self.now = 0.0

@@ -172,7 +172,10 @@ def test_connect_that_hangs_past_first_byte_timeout_fails_over_a_post(
         fillers.append(filler)
     try:
         dead = f"http://127.0.0.1:{port}"
-        d = make(route(("a", dead + "/v1"), ("b", b.url + "/v1"), failover={"first_byte_timeout": 0.4}), timeout=10)
+        d = make(
+            route(("a", dead + "/v1"), ("b", b.url + "/v1"), failover={"first_byte_timeout": 0.4}),
+            timeout=10,
+        )
         r, took = elapsed(lambda: d.post(dead + "/v1/x", json={"q": 1}))
         assert r.text == "b"
         assert took < 2.0
@@ -594,7 +597,9 @@ def test_commit_complete_still_honours_first_byte_timeout(
     assert took < 2.0
 
 
-def test_first_target_gets_its_own_headers_and_json(make: MakeDriver, a: Upstream, b: Upstream) -> None:
+def test_first_target_gets_its_own_headers_and_json(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
     """The matched target's headers and json fields apply when it is tried first, not only after failover."""
     config = pair(
         a,
@@ -608,7 +613,9 @@ def test_first_target_gets_its_own_headers_and_json(make: MakeDriver, a: Upstrea
     assert seen.json() == {"model": "a-model", "n": 1}
 
 
-def test_no_credential_of_any_shape_crosses_origins(make: MakeDriver, a: Upstream, b: Upstream) -> None:
+def test_no_credential_of_any_shape_crosses_origins(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
     """Provider-specific key headers, credential query parameters and userinfo stay with their origin."""
     a.behaviour = unavailable
     d = make(pair(a, b))
