@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import _bench as b
 import httpx
-from _bench import Row
 
+import _bench as b
 import sidestep
+from _bench import Row
 
 SCENARIO = "overhead"
 URL = "http://api.example/v1/items"

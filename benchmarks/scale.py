@@ -17,7 +17,6 @@ from collections.abc import Callable
 
 import _bench as b
 from _bench import Row
-
 from sidestep import MemoryStore
 from sidestep._classify import INVALID_CREDENTIAL, Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions

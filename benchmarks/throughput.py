@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import _bench as b
 import httpx
 import httpx2
-from _bench import Mode, Row
 
+import _bench as b
 import sidestep
 import sidestep.httpx2
+from _bench import Mode, Row
 
 SCENARIO = "throughput"
 CONCURRENCY = 32
