@@ -29,7 +29,7 @@ import httpx
 
 import sidestep
 from sidestep import logging as events
-from sidestep._demo import LocalUpstream, Mode, Tally, drive
+from sidestep._demo import LocalUpstream, Mode, Tally, _through, drive
 
 Row = dict[str, Any]
 THRESHOLD = 3  # consecutive failures that open a circuit, for every breaker alike
@@ -419,7 +419,7 @@ def caller(name: str, plan: Plan) -> Caller:
 
 def _watched(client: httpx.AsyncClient, url: str) -> Caller:
     """sidestep's caller, with the primary's circuit transitions noted as they happen."""
-    built = Caller(call=_direct(client, url), close=client.aclose)
+    built = Caller(call=_through(client, url), close=client.aclose)
     loop = asyncio.get_running_loop()
 
     def watch(event: str, fields: Mapping[str, Any], /) -> None:
@@ -437,17 +437,6 @@ def _watched(client: httpx.AsyncClient, url: str) -> Caller:
     events.add_observer(watch)
     built.close = close
     return built
-
-
-def _direct(client: httpx.AsyncClient, url: str) -> Callable[[], Awaitable[bool]]:
-    async def call() -> bool:
-        try:
-            response = await client.get(url)
-        except httpx.TransportError:
-            return False
-        return response.status_code < 500
-
-    return call
 
 
 def available(names: Iterable[str]) -> tuple[list[str], list[str]]:

@@ -7,6 +7,24 @@ from collections.abc import Iterator
 import pytest
 
 from redis_server import RedisMissing, RedisServer
+from upstream import Upstream
+
+
+@pytest.fixture
+def a() -> Iterator[Upstream]:
+    """An upstream on 127.0.0.1 named "a" (answers "a" until a test scripts it)."""
+    server = Upstream(name="a")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def b() -> Iterator[Upstream]:
+    """An upstream on 127.0.0.1 named "b"."""
+    server = Upstream(name="b")
+    yield server
+    server.close()
+
 
 # --- a real Redis for the shared-state tests (helpers in tests/redis_server.py) --------------
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -21,20 +20,6 @@ from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-@pytest.fixture
-def a() -> Iterator[Upstream]:
-    server = Upstream(name="a")
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def b() -> Iterator[Upstream]:
-    server = Upstream(name="b")
-    yield server
-    server.close()
 
 
 def config(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:

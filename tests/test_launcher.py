@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,18 +93,11 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def a() -> Iterator[Upstream]:
-    server = Upstream(unavailable, name="a")
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def b() -> Iterator[Upstream]:
-    server = Upstream(llm("b"), name="b")
-    yield server
-    server.close()
+@pytest.fixture(autouse=True)
+def scripted(a: Upstream, b: Upstream) -> None:
+    """The primary (the SDK's base URL) is down; the backup answers with its own key."""
+    a.behaviour = unavailable
+    b.behaviour = llm("b")
 
 
 CHILD = """

@@ -31,20 +31,11 @@ def is_async(request: pytest.FixtureRequest) -> bool:
     return request.param == "async"
 
 
-@pytest.fixture
-def a() -> Iterator[Upstream]:
-    """The primary: the SDK's base URL points here, and it is down."""
-    server = Upstream(unavailable, name="a")
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def b() -> Iterator[Upstream]:
-    """The backup, with its own API key."""
-    server = Upstream(llm("b"), name="b")
-    yield server
-    server.close()
+@pytest.fixture(autouse=True)
+def scripted(a: Upstream, b: Upstream) -> None:
+    """The primary (the SDK's base URL) is down; the backup answers with its own key."""
+    a.behaviour = unavailable
+    b.behaviour = llm("b")
 
 
 @pytest.fixture(autouse=True)

@@ -26,20 +26,6 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def a() -> Iterator[Upstream]:
-    server = Upstream(name="a")
-    yield server
-    server.close()
-
-
-@pytest.fixture
-def b() -> Iterator[Upstream]:
-    server = Upstream(name="b")
-    yield server
-    server.close()
-
-
-@pytest.fixture
 def make(kind: str) -> Iterator[MakeDriver]:
     drivers: list[Driver] = []
 
