@@ -126,6 +126,22 @@ class Driver:
         with ThreadPoolExecutor(max_workers=32) as pool:
             return list(pool.map(one, range(n)))
 
+    def first_chunk(self, method: str, url: str, **kw: Any) -> bytes:
+        """Stream a response, keep its first chunk and close it, the rest unread."""
+        if self.is_async:
+
+            async def go() -> bytes:
+                async with self.client.stream(method, url, **kw) as response:
+                    async for chunk in response.aiter_raw():
+                        return bytes(chunk)
+                return b""
+
+            return self.run(go())
+        with self.client.stream(method, url, **kw) as response:
+            for chunk in response.iter_raw():
+                return bytes(chunk)
+        return b""
+
     def stream(self, method: str, url: str, on_chunk: Callable[[bytes], None], **kw: Any) -> Result:
         """Stream a response, calling `on_chunk` as each chunk arrives."""
         if self.is_async:

@@ -102,3 +102,24 @@ def test_credential_names_and_query_parameters() -> None:
 def test_origin_keys_are_normalised() -> None:
     """Scheme and host case and default ports do not make two origins of one."""
     assert origin_key("HTTPS", "API.Example", None) == origin_key("https", "api.example", 443)
+
+
+def test_credential_words_are_whole_parts_of_a_name() -> None:
+    """max_tokens, author or x-session-id are no credentials; a percent-encoded name still is."""
+    for name in ("author", "keywords", "max_tokens", "x-keyboard-layout", "x-session-id"):
+        assert not is_credential(name)
+    for name in ("access_token", "apiKey", "sig", "X-Amz-Signature", "client_secret"):
+        assert is_credential(name)
+    assert without_credentials(b"author=a&%74oken=t&keywords=k") == b"author=a&keywords=k"
+
+
+def test_fingerprints_do_not_depend_on_order() -> None:
+    """The same credentials in another order are the same credential scope."""
+    from sidestep._scopes import Fingerprinter
+
+    fp = Fingerprinter(b"k" * 32)
+    assert fp({}, "", b"key=A&token=B") == fp({}, "", b"token=B&key=A")
+    assert fp({"x-api-key": "1", "authorization": "2"}, "") == fp(
+        {"authorization": "2", "x-api-key": "1"}, ""
+    )
+    assert fp({}, "", b"key=A") != fp({}, "", b"key=B")

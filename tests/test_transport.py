@@ -634,3 +634,19 @@ def test_unknown_suspension_reason_from_a_custom_classifier_counts_as_an_outage(
     assert d.get(a.url + "/v1/x").text == "b"
     (s,) = d.transport.suspensions()
     assert (s.target, s.state, s.reason) == ("a", "open", "unavailable")
+
+
+def test_a_stream_closed_early_counts_as_the_success_it_was(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Leaving a healthy stream after its first chunk resets the failure count like reading it all."""
+    answers = iter(
+        [Respond(500), Stream([b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]), Respond(500)]
+    )
+    a.behaviour = lambda _: next(answers)
+    b.behaviour = lambda _: Respond(body="b")
+    d = make(pair(a, b, breaker={"failure_threshold": 2}))
+    assert d.get(a.url + "/v1/x").text == "b"  # failure 1
+    assert d.first_chunk("GET", a.url + "/v1/x") == b"data: 1\n\n"  # a success, left early
+    assert d.get(a.url + "/v1/x").text == "b"  # failure 1 again, not 2
+    assert d.transport.suspensions()[0].state == "closed"

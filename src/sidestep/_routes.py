@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ._scopes import is_credential, origin_key
 
@@ -190,7 +190,7 @@ def without_credentials(query: bytes) -> bytes:
     kept = [
         part
         for part in query.split(b"&")
-        if not is_credential(part.partition(b"=")[0].decode("ascii", "replace"))
+        if not is_credential(unquote(part.partition(b"=")[0].decode("ascii", "replace")))
     ]
     return b"&".join(kept)
 

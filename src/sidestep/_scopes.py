@@ -13,10 +13,12 @@ import enum
 import hashlib
 import hmac
 import json
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 __all__ = [
     "CREDENTIAL_HEADERS",
@@ -38,10 +40,15 @@ class ScopeKind(str, enum.Enum):
 
 
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
-# Any other header or query parameter whose name holds one of these words is
-# treated as a credential too (x-goog-api-key, x-auth-token, ?key=...).
-_CREDENTIAL_WORDS = ("auth", "key", "token", "secret", "password", "signature", "session")
+# Any other header or query parameter whose name has one of these words among
+# its parts (split on -, _ and .) is a credential too: x-goog-api-key,
+# x-auth-token, ?key=, ?access_token=, ?sig= — but not max_tokens or author.
+_CREDENTIAL_WORDS = frozenset(
+    {"auth", "authorization", "key", "apikey", "token", "secret", "password", "passwd"}
+    | {"signature", "sig", "credential", "credentials"}
+)
 _NOT_CREDENTIALS = frozenset({"idempotency-key"})
+_NAME_PARTS = re.compile(r"[-_.]")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # A model name longer than this is no model name; it must not bloat keys.
 _MAX_MODEL_CHARS = 256
@@ -55,7 +62,9 @@ def is_credential(name: str) -> bool:
     name = name.lower()
     if name in CREDENTIAL_HEADERS:
         return True
-    return name not in _NOT_CREDENTIALS and any(word in name for word in _CREDENTIAL_WORDS)
+    if name in _NOT_CREDENTIALS:
+        return False
+    return not _CREDENTIAL_WORDS.isdisjoint(_NAME_PARTS.split(name))
 
 
 def origin_key(scheme: str, host: str, port: int | None) -> str:
@@ -101,18 +110,17 @@ class Fingerprinter:
         Credential headers, URL userinfo and credential query parameters count,
         in a stable order: the same credential always gives the same scope.
         """
-        parts = sorted(
-            (name.lower(), value) for name, value in headers.items() if is_credential(name)
-        )
+        parts = [(name.lower(), value) for name, value in headers.items() if is_credential(name)]
         if query:
             for param in query.split(b"&"):
                 name, _, value = param.decode("latin-1").partition("=")
-                if is_credential(name):
-                    parts.append((f"?{name}", value))
+                if is_credential(unquote(name)):
+                    parts.append((f"?{unquote(name)}", value))
         if userinfo:
             parts.append(("@userinfo", userinfo))
         if not parts:
             return ""
+        parts.sort()  # whatever order they came in
         mac = hmac.new(self._key, digestmod=hashlib.blake2b)
         for name, value in parts:
             mac.update(f"{name}\0{value}\0".encode())

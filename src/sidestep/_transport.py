@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -170,25 +170,28 @@ class _SyncShell(_Shell):
             stream.close()
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
-        on_error, on_end = effect.on_error, effect.on_end
-        drive = self._drive
+        on_error, drive = effect.on_error, self._drive
+        # The body's verdict is due once: at its end, at its failure, or when the
+        # caller closes it early (a stream left at "[DONE]" was a success).
+        end = [effect.on_end] if effect.on_end is not None else []
+
+        def finish() -> None:
+            if end:
+                drive(end.pop()())
 
         def rest() -> Iterator[bytes]:
             yield from head
             try:
                 yield from chunks
             except Exception as exc:
+                end.clear()
                 if on_error is not None:
                     drive(on_error(exc))
                 raise
-            if on_end is not None:
-                drive(on_end())
+            finish()
 
-        response.stream = self._replay(rest(), stream)
+        response.stream = _sync_replay(self._flavour)(rest(), stream, finish)
         return head, False
-
-    def _replay(self, body: Iterator[bytes], original: Any) -> Any:
-        return _sync_replay(self._flavour)(body, original)
 
 
 class _AsyncShell(_Shell):
@@ -280,8 +283,14 @@ class _AsyncShell(_Shell):
             await stream.aclose()
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
-        on_error, on_end = effect.on_error, effect.on_end
-        drive = self._drive
+        on_error, drive = effect.on_error, self._drive
+        # The body's verdict is due once: at its end, at its failure, or when the
+        # caller closes it early (a stream left at "[DONE]" was a success).
+        end = [effect.on_end] if effect.on_end is not None else []
+
+        async def finish() -> None:
+            if end:
+                await drive(end.pop()())
 
         async def rest() -> AsyncIterator[bytes]:
             for chunk in head:
@@ -290,13 +299,13 @@ class _AsyncShell(_Shell):
                 async for chunk in chunks:
                     yield chunk
             except Exception as exc:
+                end.clear()
                 if on_error is not None:
                     await drive(on_error(exc))
                 raise
-            if on_end is not None:
-                await drive(on_end())
+            await finish()
 
-        response.stream = _async_replay(self._flavour)(rest(), stream)
+        response.stream = _async_replay(self._flavour)(rest(), stream, finish)
         return head, False
 
 
@@ -334,43 +343,62 @@ _NO_DEADLINE = _NoDeadline()
 _REPLAYS: dict[tuple[str, bool], type[Any]] = {}
 
 
-def _sync_replay(flavour: Flavour) -> Callable[[Iterator[bytes], Any], Any]:
+def _sync_replay(flavour: Flavour) -> Callable[[Iterator[bytes], Any, Callable[[], None]], Any]:
     cls = _REPLAYS.get((flavour.name, False))
     if cls is None:
 
         class SyncReplay(flavour.module.SyncByteStream):  # type: ignore[name-defined,misc]
             """The peeked head, then the rest of the body; closing closes the original."""
 
-            def __init__(self, body: Iterator[bytes], original: Any) -> None:
+            def __init__(
+                self, body: Iterator[bytes], original: Any, on_close: Callable[[], None]
+            ) -> None:
                 self._body = body
                 self._original = original
+                self._on_close = on_close
 
             def __iter__(self) -> Iterator[bytes]:
                 return self._body
 
             def close(self) -> None:
-                self._original.close()
+                try:
+                    self._on_close()
+                finally:
+                    self._original.close()
 
         cls = _REPLAYS[(flavour.name, False)] = SyncReplay
     return cls
 
 
-def _async_replay(flavour: Flavour) -> Callable[[AsyncIterator[bytes], Any], Any]:
+def _async_replay(
+    flavour: Flavour,
+) -> Callable[[AsyncIterator[bytes], Any, Callable[[], Awaitable[None]]], Any]:
     cls = _REPLAYS.get((flavour.name, True))
     if cls is None:
 
         class AsyncReplay(flavour.module.AsyncByteStream):  # type: ignore[name-defined,misc]
             """The peeked head, then the rest of the body; closing closes the original."""
 
-            def __init__(self, body: AsyncIterator[bytes], original: Any) -> None:
+            def __init__(
+                self,
+                body: AsyncIterator[bytes],
+                original: Any,
+                on_close: Callable[[], Awaitable[None]],
+            ) -> None:
                 self._body = body
                 self._original = original
+                self._on_close = on_close
 
             def __aiter__(self) -> AsyncIterator[bytes]:
                 return self._body
 
             async def aclose(self) -> None:
-                await self._original.aclose()
+                try:
+                    # a verdict write must land even while a cancellation unwinds
+                    with anyio.CancelScope(shield=True):
+                        await self._on_close()
+                finally:
+                    await self._original.aclose()
 
         cls = _REPLAYS[(flavour.name, True)] = AsyncReplay
     return cls
