@@ -537,6 +537,20 @@ def summarise(
     }
 
 
+# What every failure scenario reports for each contender, and in which units.
+OUTCOME_UNITS = {"dead calls": "calls", "errors": "requests", "p50": "ms", "p99": "ms"}
+
+
+def outcome_metrics() -> dict[str, Callable[[Sample], float]]:
+    """Calls that reached the dead target, caller-visible errors, p50 and p99 latency."""
+    return {
+        "dead calls": lambda s: s.dead["calls"],
+        "errors": lambda s: s.tally.errors,
+        "p50": lambda s: ms(percentile(s.tally.latencies, 0.50)),
+        "p99": lambda s: ms(percentile(s.tally.latencies, 0.99)),
+    }
+
+
 def matrix(
     scenario: str, table: Mapping[str, Mapping[str, float]], units: Mapping[str, str]
 ) -> list[Row]:

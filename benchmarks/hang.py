@@ -29,16 +29,11 @@ def run(quick: bool) -> list[Row]:
 
     table = b.summarise(
         samples,
-        {
-            "dead calls": lambda s: s.dead["calls"],
-            "errors": lambda s: s.tally.errors,
-            "p50": lambda s: b.ms(b.percentile(s.tally.latencies, 0.50)),
-            "p99": lambda s: b.ms(b.percentile(s.tally.latencies, 0.99)),
-            "waited for the timeout once open": waited,
-        },
+        {**b.outcome_metrics(), "waited for the timeout once open": waited},
     )
-    units = {"dead calls": "calls", "errors": "requests", "p50": "ms", "p99": "ms"}
-    rows = b.matrix(SCENARIO, table, {**units, "waited for the timeout once open": "requests"})
+    rows = b.matrix(
+        SCENARIO, table, {**b.OUTCOME_UNITS, "waited for the timeout once open": "requests"}
+    )
     rows += b.absent_rows(SCENARIO, absent)
     ours = samples["sidestep"]
     probes = b.median(len(s.half_opened) for s in ours) * b.PROBES

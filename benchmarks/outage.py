@@ -24,15 +24,11 @@ def run(quick: bool) -> list[Row]:
     table = b.summarise(
         samples,
         {
-            "dead calls": lambda s: s.dead["calls"],
-            "errors": lambda s: s.tally.errors,
-            "p50": lambda s: b.ms(b.percentile(s.tally.latencies, 0.50)),
-            "p99": lambda s: b.ms(b.percentile(s.tally.latencies, 0.99)),
+            **b.outcome_metrics(),
             "p99 once open": lambda s: b.ms(b.percentile(b.after(s, b.opened_at(s)), 0.99)),
         },
     )
-    units = {"dead calls": "calls", "errors": "requests", "p50": "ms", "p99": "ms"}
-    rows = b.matrix(SCENARIO, table, {**units, "p99 once open": "ms"})
+    rows = b.matrix(SCENARIO, table, {**b.OUTCOME_UNITS, "p99 once open": "ms"})
     rows += b.absent_rows(SCENARIO, absent)
     return rows + verdicts(samples, table, load)
 
