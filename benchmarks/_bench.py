@@ -551,6 +551,18 @@ def outcome_metrics() -> dict[str, Callable[[Sample], float]]:
     }
 
 
+def no_errors(scenario: str, errors: float, rounds: int, requests: int) -> Row:
+    """The verdict every failure scenario gives: no error reached the caller."""
+    return verdict(
+        scenario,
+        "zero caller-visible errors while a healthy candidate exists",
+        errors,
+        "errors",
+        errors == 0,
+        f"worst of {rounds} rounds of {requests} requests",
+    )
+
+
 def matrix(
     scenario: str, table: Mapping[str, Mapping[str, float]], units: Mapping[str, str]
 ) -> list[Row]:

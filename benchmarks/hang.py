@@ -50,12 +50,5 @@ def run(quick: bool) -> list[Row]:
             f"{probes:g} half-open probes; naive: "
             f"{table['naive']['waited for the timeout once open']:g} requests waited",
         ),
-        b.verdict(
-            SCENARIO,
-            "zero caller-visible errors while a healthy candidate exists",
-            errors,
-            "errors",
-            errors == 0,
-            f"worst of {len(ours)} rounds of {load.requests} requests",
-        ),
+        b.no_errors(SCENARIO, errors, len(ours), load.requests),
     ]

@@ -53,14 +53,7 @@ def verdicts(
             f"budget {budget:g} ({windows:g} open windows); "
             f"naive sent {table['naive']['dead calls']:g}",
         ),
-        b.verdict(
-            SCENARIO,
-            "zero caller-visible errors while a healthy candidate exists",
-            errors,
-            "errors",
-            errors == 0,
-            f"worst of {len(ours)} rounds of {load.requests} requests",
-        ),
+        b.no_errors(SCENARIO, errors, len(ours), load.requests),
         b.verdict(
             SCENARIO,
             "p99 once open <= 1.2x the healthy baseline",
