@@ -177,11 +177,12 @@ def test_sidestep_config_names_the_file_when_c_is_absent(run: Run, config: Path)
     assert (done.returncode, done.stdout.strip(), done.stderr) == (0, WRAPPED, "")
 
 
-def test_no_configuration_at_all_is_a_usage_error(run: Run) -> None:
-    """Neither -c nor SIDESTEP_CONFIG: exit 2 with a message saying how to give one."""
-    done = run("--", PYTHON, "-c", "print('ran')")
-    assert (done.returncode, done.stdout) == (2, "")
-    assert "pass -c FILE or set SIDESTEP_CONFIG" in done.stderr
+def test_no_configuration_runs_with_the_defaults(run: Run) -> None:
+    """Neither -c nor SIDESTEP_CONFIG: the command runs with sidestep installed on its defaults, printing only its own output."""
+    done = run("--", PYTHON, "-c", SHOW_TRANSPORTS)
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, WRAPPED, "")
+    done = run("--", PYTHON, "-c", "print(1)")
+    assert (done.returncode, done.stdout, done.stderr) == (0, "1\n", "")
 
 
 def test_an_invalid_configuration_exits_2_with_its_error_and_no_secret(

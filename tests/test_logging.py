@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import string
 import threading
 import urllib.parse
@@ -291,19 +292,75 @@ def default_structlog() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("default_structlog")
-def test_emit_redacts_without_any_configuration(capsys: pytest.CaptureFixture[str]) -> None:
-    """Unconfigured structlog prints events already redacted, and emit configures nothing."""
-    emit("upstream.failed", target="a", url="https://u:p@h.example/v1?key=abc", authorization="x")
-    out = capsys.readouterr().out
-    assert "upstream.failed" in out
-    assert "https://h.example" in out
-    assert "u:p" not in out
-    assert "key=abc" not in out
+def test_emit_prints_nothing_without_any_configuration(capsys: pytest.CaptureFixture[str]) -> None:
+    """With no logging configured anywhere, no event of any level reaches stdout or stderr, and emit configures nothing."""
+    for event in ("upstream.failed", "circuit.opened", "all_candidates_suspended", "failover"):
+        emit(event, target="a", url="https://u:p@h.example/v1?key=abc")
+    assert capsys.readouterr() == ("", "")
     assert not structlog.is_configured()
+    logger = logging.getLogger("sidestep")
+    assert [type(h) for h in logger.handlers] == [logging.NullHandler]
 
 
-def test_emit_logs_redacted_fields_at_the_events_level() -> None:
-    """Failures log at warning, other events at info, with redacted fields."""
+@pytest.mark.usefixtures("default_structlog")
+def test_stdlib_records_carry_redacted_fields(caplog: pytest.LogCaptureFixture) -> None:
+    """Without structlog, events are stdlib records of logger "sidestep": a redacted "event key=value" message and the fields on record.sidestep."""
+    with caplog.at_level(logging.DEBUG, logger="sidestep"):
+        emit(
+            "circuit.opened", target="a", url="https://u:p@h.example/v1?key=abc", authorization="x"
+        )
+    (record,) = caplog.records
+    assert (record.name, record.levelno) == ("sidestep", logging.WARNING)
+    message = record.getMessage()
+    assert message.startswith("circuit.opened target=a url=https://h.example")
+    assert (
+        "u:p" not in message and "key=abc" not in message and "authorization=[redacted]" in message
+    )
+    assert record.sidestep == {  # type: ignore[attr-defined]
+        "event": "circuit.opened",
+        "target": "a",
+        "url": "https://h.example",
+        "authorization": REDACTED,
+    }
+
+
+@pytest.mark.parametrize(
+    ("event", "level"),
+    [
+        ("candidate.skipped", logging.DEBUG),
+        ("failover", logging.DEBUG),
+        ("upstream.failed", logging.DEBUG),
+        ("circuit.half_open", logging.INFO),
+        ("circuit.closed", logging.INFO),
+        ("store.recovered", logging.INFO),
+        ("circuit.opened", logging.WARNING),
+        ("all_candidates_suspended", logging.WARNING),
+        ("store.unavailable", logging.WARNING),
+    ],
+)
+@pytest.mark.usefixtures("default_structlog")
+def test_event_levels(caplog: pytest.LogCaptureFixture, event: str, level: int) -> None:
+    """Per-request events are DEBUG; transitions and the store's health are INFO or WARNING."""
+    with caplog.at_level(logging.DEBUG, logger="sidestep"):
+        emit(event)
+    assert [(r.getMessage(), r.levelno) for r in caplog.records] == [(event, level)]
+
+
+@pytest.mark.usefixtures("default_structlog")
+def test_nothing_is_redacted_for_a_logger_that_drops_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DEBUG event that no logger or observer receives costs no redaction at all."""
+    calls: list[str] = []
+    monkeypatch.setattr("sidestep.logging.redact", lambda *a: calls.append("redact") or a[2])
+    logging.getLogger("sidestep").setLevel(logging.INFO)
+    try:
+        emit("candidate.skipped", target="a", url="https://h/x")
+    finally:
+        logging.getLogger("sidestep").setLevel(logging.NOTSET)
+    assert calls == []
+
+
+def test_configured_structlog_receives_the_events_at_their_levels() -> None:
+    """An application that configured structlog gets the events through it, redacted, at their levels."""
     with capture_logs() as logs:
         emit("circuit.opened", target="a", headers={"x-api-key": "k"}, retry_in_s=30.0)
         emit("failover", target="b", url="https://u:p@h/x")
@@ -315,18 +372,8 @@ def test_emit_logs_redacted_fields_at_the_events_level() -> None:
             "headers": {"x-api-key": REDACTED},
             "retry_in_s": 30.0,
         },
-        {"event": "failover", "log_level": "info", "target": "b", "url": "https://h"},
+        {"event": "failover", "log_level": "debug", "target": "b", "url": "https://h"},
     ]
-
-
-@pytest.mark.parametrize(
-    "event", ["upstream.failed", "circuit.opened", "all_candidates_suspended", "store.unavailable"]
-)
-def test_failure_events_are_warnings(event: str) -> None:
-    """Each failure and suspension event is logged at warning level."""
-    with capture_logs() as logs:
-        emit(event)
-    assert logs == [{"event": event, "log_level": "warning"}]
 
 
 class Recorder:

@@ -21,6 +21,7 @@ import httpx2
 
 from . import httpx2 as _sidestep_httpx2
 from ._config import Config, as_config
+from ._flavour import is_proxy
 from ._store import MemoryStore, StateStore
 from ._transport import AsyncFailoverTransport, FailoverTransport, _Shell
 
@@ -77,6 +78,10 @@ class _Dispatch:
                 return self.main if transport is None else transport
         return self.main
 
+    def via_proxy(self, url: Any) -> bool:
+        """Whether an attempt to `url` goes through a proxy (the core asks on a connect error)."""
+        return is_proxy(self._for(url))
+
     def handle_request(self, request: Any) -> Any:
         return self._for(request.url).handle_request(request)
 
@@ -88,6 +93,20 @@ class _Dispatch:
 
     async def aclose(self) -> None:
         await self.own.aclose()
+
+    def __enter__(self) -> Any:
+        self.own.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.own.__exit__(*exc_info)
+
+    async def __aenter__(self) -> Any:
+        await self.own.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.own.__aexit__(*exc_info)
 
 
 def wrap(

@@ -9,6 +9,7 @@ effects, so both flavours and both colours of transport share every decision.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from . import _classify as c11n
 from ._circuit import State
-from ._classify import BODY_PREFIX_LIMIT, Exchange, Kind, Verdict
+from ._classify import BODY_PREFIX_LIMIT, ErrorKind, Exchange, Kind, Verdict
 from ._config import Config, FailoverPolicy, as_config
 from ._errors import AllCandidatesSuspended, CandidateStatus
 from ._flavour import Flavour
@@ -43,11 +44,27 @@ _SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
 _BACKOFF_BASE = 0.1  # seconds before the second attempt on one target, doubled after
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 _CACHE_LIMIT = 4096  # origins remembered for the request path; past it they are worked out anew
+_QUIET_LIMIT = 1024  # routes whose all-suspended episode is remembered, to log it once
 _TRANSITION_EVENTS = {
     State.OPEN: "circuit.opened",
     State.HALF_OPEN: "circuit.half_open",
     State.CLOSED: "circuit.closed",
 }
+
+
+def _never(url: Any) -> bool:
+    return False
+
+
+def _same_episode(seen: tuple[Any, ...] | None, episode: tuple[Any, ...]) -> bool:
+    if seen is None or len(seen) != len(episode):
+        return False
+    for (*was, was_until), (*now, until) in zip(seen, episode, strict=True):
+        if was != now or (was_until is None) != (until is None):
+            return False
+        if until is not None and abs(until - was_until) > 1.0:
+            return False
+    return True
 
 
 # -- effects: what the shells perform ------------------------------------------
@@ -108,6 +125,7 @@ class _Run:
         "body",
         "cands",
         "deadline",
+        "endpoint",
         "last",
         "last_target",
         "policy",
@@ -123,8 +141,10 @@ class _Run:
         policy: FailoverPolicy,
         body: bytes | None,
         deadline: float | None,
+        endpoint: str,
     ) -> None:
         self.request = request
+        self.endpoint = endpoint  # an unrouted request's path; "" for a routed one
         self.cands = cands
         self.policy = policy
         self.body = body  # None: a one-shot stream, sent to one target only
@@ -133,7 +153,8 @@ class _Run:
         self.tried = 0  # targets that were sent something
         self.last: Any = None  # the last failing response or exception
         self.last_target: CompiledTarget | None = None
-        self.skipped: list[CandidateStatus] = []
+        # each skipped target's status, and the end of its open window (None: half-open)
+        self.skipped: list[tuple[CandidateStatus, float | None]] = []
 
     @property
     def route_name(self) -> str | None:
@@ -180,6 +201,13 @@ class Core:
         self._blocking = self.store.blocking
         self._byte_stream = flavour.ByteStream
         self._fingerprint = self.store.fingerprint
+        # Whether an attempt to this URL goes through a proxy: set by the shell,
+        # which knows its inner transports. A proxy that fails is not the upstream.
+        self.via_proxy: Callable[[Any], bool] = _never
+        # Unrouted origins: the endpoints that failed since the origin last answered well.
+        self._failing: dict[str, set[str]] = {}
+        # Routes whose all-suspended episode was logged at WARNING already.
+        self._quiet: dict[str | None, tuple[Any, ...]] = {}
         self._origins: dict[tuple[str, str, int | None], str] = {}
         self._own: dict[str, Candidates] = {}
         self._matched: dict[tuple[str, str], Candidates] = {}
@@ -207,7 +235,9 @@ class Core:
                     sent, headers, body = request, request.headers, run.body
                 else:
                     sent, headers, body = self._rewrite(run, target)
-                facts = ScopeFacts(target.origin, headers, body, self._fingerprint, url=sent.url)
+                facts = ScopeFacts(
+                    target.origin, headers, body, self._fingerprint, url=sent.url, path=run.endpoint
+                )
                 now = self.clock()
                 if self._blocking:
                     lease = self._lease(run, sent)
@@ -245,6 +275,8 @@ class Core:
                         pass  # the body's end, or its failure, will be the verdict
                     elif outcome.verdict is _SUCCESS and not self._blocking:
                         # the healthy path: no event to emit, usually nothing kept to reset
+                        if self._failing:
+                            self._failing.pop(target.origin, None)
                         changed = self.store.record(
                             ticket, _SUCCESS, self.breaker, self.suspensions, self.clock()
                         )
@@ -329,7 +361,8 @@ class Core:
             verdict = _SUCCESS
         else:
             body = b""
-            if c11n.needs_body(status):
+            routed = not run.endpoint
+            if c11n.needs_body(status) and (routed or self._custom_classifier):
                 try:
                     head, _ = yield Read(response, request, BODY_PREFIX_LIMIT, deadline)
                     body = b"".join(head)[:BODY_PREFIX_LIMIT]
@@ -349,6 +382,8 @@ class Core:
                     retry_ambiguous=run.policy.retry_ambiguous,
                     on_context_overflow=run.policy.on_context_overflow,
                     wall_now=time.time(),
+                    routed=routed,
+                    credentialed=bool(ticket.facts.credential),
                 )
             )
         if verdict.kind is not Kind.SUCCESS:
@@ -403,6 +438,8 @@ class Core:
 
     def _classify_error(self, request: Any, exc: BaseException, run: _Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
+        if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
+            kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
         return self._classify(
             Exchange(
                 method=request.method,
@@ -410,6 +447,7 @@ class Core:
                 error=kind,
                 retry_ambiguous=run.policy.retry_ambiguous,
                 on_context_overflow=run.policy.on_context_overflow,
+                routed=not run.endpoint,
             )
         )
 
@@ -445,6 +483,8 @@ class Core:
     def _record(
         self, ticket: Ticket, verdict: Verdict, target: CompiledTarget, run: _Run
     ) -> Generator[Any, Any, None]:
+        if run.endpoint:
+            verdict = self._unrouted(verdict, target.origin, run.endpoint)
         now = self.clock()
         if self._blocking:
             args = (ticket, verdict, self.breaker, self.suspensions, now)
@@ -464,6 +504,34 @@ class Core:
             )
         if transitions:
             self._announce(transitions, target, run)
+
+    def _unrouted(self, verdict: Verdict, origin: str, endpoint: str) -> Verdict:
+        """Where an unrouted request's result counts: its endpoint first.
+
+        A failure after the request was sent (a 5xx, a read timeout) is the
+        endpoint's: a caller's short timeout on one slow path must not cut off
+        the paths that answer. It counts toward the origin too when it is the
+        first failure of that endpoint since the origin last answered well,
+        so the origin opens once `failure_threshold` different endpoints fail
+        in a row, and a host silent on one path opens that endpoint: either
+        way within a bounded number of calls.
+        """
+        if verdict.kind is Kind.SUCCESS:
+            if self._failing:
+                self._failing.pop(origin, None)
+            return verdict
+        if verdict.kind is not Kind.FAILURE or verdict.scope is not ScopeKind.MODEL:
+            return verdict  # nothing sent (the origin's), or neutral
+        failing = self._failing.get(origin)
+        if failing is None:
+            if len(self._failing) >= _CACHE_LIMIT:
+                self._failing.clear()
+            failing = self._failing[origin] = set()
+        if endpoint in failing:
+            return replace(verdict, scope=ScopeKind.ENDPOINT)
+        if len(failing) <= self.breaker.failure_threshold:
+            failing.add(endpoint)
+        return replace(verdict, scope=ScopeKind.ENDPOINT, also=ScopeKind.MODEL)
 
     def _body_failed(
         self, ticket: Ticket, target: CompiledTarget, run: _Run, request: Any, exc: BaseException
@@ -491,11 +559,12 @@ class Core:
         return self._attribute(result, run, target, index)
 
     def _all_suspended(self, run: _Run) -> Any:
-        error = AllCandidatesSuspended(tuple(run.skipped), route=run.route_name)
+        error = AllCandidatesSuspended(tuple(s for s, _ in run.skipped), route=run.route_name)
         emit(
             "all_candidates_suspended",
+            self._episode(run),
             route=run.route_name,
-            targets=[s.target for s in run.skipped],
+            targets=[s.target for s, _ in run.skipped],
             retry_in_s=error.retry_after,
         )
         if run.policy.on_all_suspended == "raise":
@@ -518,6 +587,24 @@ class Core:
                 }
             },
         )
+
+    def _episode(self, run: _Run) -> int | None:
+        """The level to log an all-suspended request at: WARNING once per episode.
+
+        An episode is one set of refusals (which targets, in which state and
+        for what reason, until when, give or take a second for stores that
+        answer in relative time); it changes only with a transition, so an
+        outage logs as many warnings as it has transitions, whatever the
+        traffic. Repeats are DEBUG (None: the event's own level).
+        """
+        episode = tuple((s.target, s.state, s.reason, until) for s, until in run.skipped)
+        key = run.route_name if run.cands.route else run.cands.origin
+        if _same_episode(self._quiet.get(key), episode):
+            return logging.DEBUG
+        if len(self._quiet) >= _QUIET_LIMIT:
+            self._quiet.clear()
+        self._quiet[key] = episode
+        return None
 
     # -- candidates and rewriting --------------------------------------------------------
 
@@ -550,7 +637,7 @@ class Core:
         deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
         content = getattr(request, "_content", None)
         body = content if content is not None else self._streamed_body(request)
-        return _Run(request, cands, policy, body, deadline)
+        return _Run(request, cands, policy, body, deadline, "" if cands.route else path)
 
     def _own_origin(self, origin: str, url: Any) -> Candidates:
         """An unrouted request: one candidate, its own origin (cached; bounded)."""
@@ -660,9 +747,8 @@ class Core:
         assert refusal is not None
         now = self.clock()
         retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
-        run.skipped.append(
-            CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
-        )
+        status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
+        run.skipped.append((status, refusal.retry_at if refusal.state is State.OPEN else None))
         emit(
             "candidate.skipped",
             route=run.route_name,

@@ -59,6 +59,7 @@ class ErrorKind(enum.Enum):
     CONNECT = "connect"  # nothing was sent: connect error/timeout, DNS or TLS handshake failure
     AMBIGUOUS = "ambiguous"  # read/write timeout, reset or protocol error: it may have been sent
     POOL = "pool"  # the local pool is exhausted: not the upstream's fault, nothing was sent
+    PROXY = "proxy"  # the proxy could not be reached or refused the tunnel: the proxy's fault
     OTHER = "other"  # unsupported protocol, programming error: not an upstream failure
 
 
@@ -80,6 +81,7 @@ AMBIGUOUS_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "
 _YEAR = 365 * 24 * 3600.0
 _BODY_STATUSES = frozenset({400, 402, 403, 429})
 _RETRY_AFTER_STATUSES = frozenset({429, 503, 529})
+_CHALLENGE_STATUSES = frozenset({401, 403})
 # 501 and 505 say the server cannot do what this request asks (method, HTTP
 # version): the request is at fault and another attempt would fare the same.
 # Every other 5xx, including the CDNs' 520-527 and a proxy's 599, means the
@@ -130,6 +132,11 @@ class Exchange:
     at most `BODY_PREFIX_LIMIT` bytes of the response body, read only when
     `needs_body(status)` is true. When `error` is set it decides, whatever
     `status` says.
+
+    `routed` is False for a request that matched no route (its only candidate
+    is its own origin); `credentialed` says whether the request carried any
+    credential to the upstream (a credential header, query parameter or URL
+    userinfo). Both default to the routed, credentialed case.
     """
 
     method: str
@@ -142,6 +149,8 @@ class Exchange:
     retry_ambiguous: bool = False
     on_context_overflow: bool = True
     wall_now: float = 0.0
+    routed: bool = True
+    credentialed: bool = True
 
     def __post_init__(self) -> None:
         if self.status is None and self.error is None:
@@ -162,6 +171,7 @@ class Verdict:
         failover: whether the request may move on to the next candidate.
         retry_after: seconds from ``Retry-After`` / ``retry-after-ms``.
         status: the response status, None when an exception ended the attempt.
+        also: a second scope kind the result is recorded against, or None.
     """
 
     kind: Kind
@@ -170,6 +180,7 @@ class Verdict:
     failover: bool
     retry_after: float | None = None
     status: int | None = None
+    also: ScopeKind | None = None
 
 
 Classifier: TypeAlias = Callable[[Exchange], Verdict]
@@ -239,6 +250,12 @@ def classify(x: Exchange) -> Verdict:
     )
     if status == 408 or (500 <= status < 600 and status not in _REQUEST_FAULT_5XX):
         return Verdict(Kind.FAILURE, UNAVAILABLE, ScopeKind.MODEL, True, retry_after, status)
+    if not x.routed or (status in _CHALLENGE_STATUSES and not x.credentialed):
+        # Unrouted traffic is the caller's own: every 4xx goes back as it came
+        # (its auth flow, token refresh or Retry-After handling stays in
+        # charge). A 401/403 to a request without a credential is a challenge,
+        # not a verdict on one.
+        return Verdict(Kind.NEUTRAL, CLIENT_ERROR, None, failover=False, status=status)
     if status == 401:
         return Verdict(Kind.SUSPEND, INVALID_CREDENTIAL, ScopeKind.CREDENTIAL, True, None, status)
     if needs_body(status):
@@ -270,9 +287,9 @@ def _classify_error(x: Exchange) -> Verdict:
         # The upstream may have acted on it: re-send only what is safe to repeat.
         failover = x.retry_ambiguous or is_idempotent(x.method, x.request_headers)
         return Verdict(Kind.FAILURE, UNAVAILABLE, ScopeKind.MODEL, failover, status=x.status)
-    # Nothing reached the upstream: a full local pool says nothing about it, and
-    # another origin has another pool.
-    failover = x.error is ErrorKind.POOL
+    # Nothing reached the upstream: a full local pool or an unreachable proxy
+    # says nothing about it, and another target may go another way.
+    failover = x.error in (ErrorKind.POOL, ErrorKind.PROXY)
     return Verdict(Kind.NEUTRAL, None, None, failover, status=x.status)
 
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import httpx
-import structlog
 
 from . import logging as events
 from ._transport import AsyncFailoverTransport
@@ -543,17 +543,14 @@ def _state(phase: _Phase, target: str) -> tuple[str, str]:
 
 @contextlib.contextmanager
 def quiet_logs() -> Iterator[None]:
-    """Drop structlog events while the demo runs (its own table says it all), then restore."""
-    saved = structlog.get_config()
-
-    def drop(logger: Any, method: str, event_dict: Any) -> Any:
-        raise structlog.DropEvent
-
-    structlog.configure(processors=[drop])
+    """Keep sidestep's log events to themselves while the demo runs (its table says it all)."""
+    logger = logging.getLogger("sidestep")
+    saved = logger.propagate
+    logger.propagate = False  # only the library's NullHandler hears them
     try:
         yield
     finally:
-        structlog.configure(**saved)
+        logger.propagate = saved
 
 
 # -- the command ----------------------------------------------------------------------

@@ -12,12 +12,15 @@ from typing import Any
 
 from ._classify import ErrorKind
 
-__all__ = ["Flavour"]
+__all__ = ["Flavour", "is_proxy"]
+
+# httpcore's (and httpcore2's) connection pools that reach upstreams through a proxy.
+_PROXY_POOLS = frozenset({"HTTPProxy", "AsyncHTTPProxy", "SOCKSProxy", "AsyncSOCKSProxy"})
 
 _ERROR_KINDS = {
     "ConnectError": ErrorKind.CONNECT,
     "ConnectTimeout": ErrorKind.CONNECT,
-    "ProxyError": ErrorKind.CONNECT,
+    "ProxyError": ErrorKind.PROXY,  # the proxy refused the tunnel
     "ReadTimeout": ErrorKind.AMBIGUOUS,
     "WriteTimeout": ErrorKind.AMBIGUOUS,
     "ReadError": ErrorKind.AMBIGUOUS,
@@ -67,6 +70,11 @@ class Flavour:
         if isinstance(exc, TimeoutError):
             return ErrorKind.AMBIGUOUS  # a first-byte or total deadline ran out mid-attempt
         return ErrorKind.OTHER
+
+
+def is_proxy(transport: Any) -> bool:
+    """Whether `transport` (an httpx or httpx2 HTTP transport) sends through a proxy."""
+    return type(getattr(transport, "_pool", None)).__name__ in _PROXY_POOLS
 
 
 def _multipart_stream(module: ModuleType) -> type[Any]:

@@ -3,7 +3,8 @@
 The launcher validates the configuration once, then starts the command with
 the package's `_boot` directory first on ``PYTHONPATH``: its `sitecustomize`
 calls `install()` as each interpreter starts, reading the file named by
-``SIDESTEP_CONFIG``. The command's exit status becomes the launcher's.
+``SIDESTEP_CONFIG`` (with no file, the defaults: per-host breaking, no
+routes). The command's exit status becomes the launcher's.
 """
 
 from __future__ import annotations
@@ -38,21 +39,20 @@ _NOT_FOUND = 127
 def run(command: Sequence[str], config_path: str | None = None) -> int:
     """Run `command` under `install()`; its exit status (128+n when signal n ended it)."""
     path = config_path or os.environ.get(CONFIG_VARIABLE)
-    if not path:
-        return _fail(f"no configuration: pass -c FILE or set {CONFIG_VARIABLE}", _USAGE)
     if not command:
         return _fail("no command to run: sidestep run [-c FILE] -- CMD ...", _USAGE)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", SidestepConfigWarning)
-            load_config(path)
-    except ConfigError as exc:
-        return _fail(str(exc), _USAGE)
-    except Exception as exc:  # the message of an unexpected error is not ours to repeat
-        return _fail(f"{path}: cannot load the configuration ({type(exc).__name__})", _USAGE)
-    for warning in caught:
-        print(f"sidestep run: warning: {warning.message}", file=sys.stderr)
-    env = child_environment(os.environ, os.path.abspath(path))
+    if path:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", SidestepConfigWarning)
+                load_config(path)
+        except ConfigError as exc:
+            return _fail(str(exc), _USAGE)
+        except Exception as exc:  # the message of an unexpected error is not ours to repeat
+            return _fail(f"{path}: cannot load the configuration ({type(exc).__name__})", _USAGE)
+        for warning in caught:
+            print(f"sidestep run: warning: {warning.message}", file=sys.stderr)
+    env = child_environment(os.environ, os.path.abspath(path) if path else None)
     try:
         child = subprocess.Popen(list(command), env=env)  # noqa: S603  # the user's own command
     except FileNotFoundError:
@@ -69,10 +69,16 @@ def run(command: Sequence[str], config_path: str | None = None) -> int:
     return 128 - status if status < 0 else status
 
 
-def child_environment(environ: Mapping[str, str], config_path: str) -> dict[str, str]:
-    """`environ` with the boot directory first on ``PYTHONPATH`` and the configuration named."""
+def child_environment(environ: Mapping[str, str], config_path: str | None) -> dict[str, str]:
+    """`environ` with the boot directory first on ``PYTHONPATH`` and the configuration named.
+
+    With no configuration file, ``SIDESTEP_CONFIG`` is left out: the defaults apply.
+    """
     env = dict(environ)
-    env[CONFIG_VARIABLE] = config_path
+    if config_path:
+        env[CONFIG_VARIABLE] = config_path
+    else:
+        env.pop(CONFIG_VARIABLE, None)
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = f"{BOOT_DIR}{os.pathsep}{existing}" if existing else str(BOOT_DIR)
     return env

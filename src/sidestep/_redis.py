@@ -49,6 +49,7 @@ from ._store import (
     ScopeStatus,
     Ticket,
     Transition,
+    verdict_keys,
 )
 from .logging import emit
 
@@ -438,12 +439,10 @@ class RedisStore:
                 if reply[0] != _NEED_KEYS:
                     return ()  # the healthy path: nothing kept, nothing to reset
             keys = ticket.facts.keys()
-        elif verdict.kind is Kind.NEUTRAL or verdict.scope is None:
-            keys = ()
-            if not ticket.probes:
-                return ()
         else:
-            keys = (ticket.facts.key(verdict.scope),)
+            keys = verdict_keys(ticket.facts, verdict)
+            if not keys and not ticket.probes:
+                return ()
         args = self._record_args(ticket, keys, now)
         if keys:
             args += _verdict_args(verdict, policy, suspensions)
@@ -486,7 +485,7 @@ class RedisStore:
                 key.kind.value,
                 key.origin,
                 key.credential,
-                key.model,
+                key.model or key.endpoint,  # one of them, by kind
             )
         return args
 
@@ -500,7 +499,7 @@ class RedisStore:
             statuses.append(
                 ScopeStatus(
                     scope_id=sid,
-                    scope=ScopeKey(ScopeKind(kind), origin, credential, model),
+                    scope=_scope_key(ScopeKind(kind), origin, credential, model),
                     state=s,
                     reason=reason or None,
                     failures=int(failures),
@@ -795,6 +794,13 @@ def _verdict_args(verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensi
         _opt(rate.minimum_calls if rate else None),
         str(circuit.RATE_BUCKETS),
     ]
+
+
+def _scope_key(kind: ScopeKind, origin: str, credential: str, detail: str) -> ScopeKey:
+    """A stored scope's key: its last part is the model, or an endpoint's fingerprint."""
+    if kind is ScopeKind.ENDPOINT:
+        return ScopeKey(kind, origin, credential, endpoint=detail)
+    return ScopeKey(kind, origin, credential, detail)
 
 
 def _retry_in(seconds: float) -> float | None:

@@ -2,7 +2,8 @@
 
 A scope is built from the target's origin, optionally the request's model (the
 top-level ``"model"`` of a JSON object body) and optionally a fingerprint of
-the credential the request carries. Fingerprints are keyed hashes: no raw
+the credential the request carries; for a request that matched no route,
+also a fingerprint of its path (its endpoint). Fingerprints are keyed hashes: no raw
 credential is ever part of a key. Model and credential are worked out lazily,
 because the healthy path never needs them.
 """
@@ -37,6 +38,7 @@ class ScopeKind(str, enum.Enum):
     MODEL = "origin+model"
     CREDENTIAL = "origin+credential"
     CREDENTIAL_MODEL = "origin+credential+model"
+    ENDPOINT = "origin+endpoint"  # unrouted traffic only: the origin and the request's path
 
 
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
@@ -126,6 +128,10 @@ class Fingerprinter:
             mac.update(f"{name}\0{value}\0".encode())
         return mac.hexdigest()[:32]
 
+    def endpoint(self, path: str) -> str:
+        """The fingerprint of a URL path: endpoint scopes never store a path itself."""
+        return hmac.new(self._key, b"path\0" + path.encode(), hashlib.blake2b).hexdigest()[:32]
+
 
 @dataclass(frozen=True, slots=True)
 class ScopeKey:
@@ -135,16 +141,21 @@ class ScopeKey:
     origin: str
     credential: str = ""
     model: str = ""
+    endpoint: str = ""  # an endpoint scope's path fingerprint (never a path)
 
     @property
     def key(self) -> str:
-        """The stable text key; holds no secret (the credential is a fingerprint)."""
-        return f"{self.kind.value}|{self.origin}|{self.credential}|{self.model}"
+        """The stable text key; holds no secret (credential and endpoint are fingerprints)."""
+        return f"{self.kind.value}|{self.origin}|{self.credential}|{self.model or self.endpoint}"
 
     @property
     def scope_id(self) -> str:
         """An opaque, stable id for operators: a short hash of the key."""
         return hashlib.blake2b(self.key.encode(), digest_size=8).hexdigest()
+
+
+_ALL_KINDS = tuple(ScopeKind)
+_ROUTED_KINDS = tuple(k for k in ScopeKind if k is not ScopeKind.ENDPOINT)
 
 
 class ScopeFacts:
@@ -161,6 +172,7 @@ class ScopeFacts:
         "_fingerprint",
         "_headers",
         "_model",
+        "_path",
         "_query",
         "_url",
         "_userinfo",
@@ -177,8 +189,10 @@ class ScopeFacts:
         url: Any = None,
         userinfo: bytes | str = "",
         query: bytes = b"",
+        path: str = "",
     ) -> None:
         self.origin = origin
+        self._path = path  # set for unrouted requests only: their endpoint
         self._url = url  # when given, its userinfo and query are read only if needed
         self._query = query
         self._headers = headers
@@ -209,7 +223,14 @@ class ScopeFacts:
         return self._credential
 
     def key(self, kind: ScopeKind) -> ScopeKey:
-        """The scope of `kind` for this request; without a model, the model kinds fall back."""
+        """The scope of `kind` for this request; without a model, the model kinds fall back.
+
+        An endpoint scope without a path (a routed request) falls back like the model kinds.
+        """
+        if kind is ScopeKind.ENDPOINT:
+            if self._path:
+                return ScopeKey(kind, self.origin, endpoint=self._fingerprint.endpoint(self._path))
+            kind = ScopeKind.MODEL
         model = self.model if kind in (ScopeKind.MODEL, ScopeKind.CREDENTIAL_MODEL) else ""
         if kind is ScopeKind.MODEL and not model:
             kind = ScopeKind.ORIGIN
@@ -222,4 +243,5 @@ class ScopeFacts:
 
     def keys(self) -> tuple[ScopeKey, ...]:
         """Every scope covering this request, without repeats."""
-        return tuple(dict.fromkeys(self.key(kind) for kind in ScopeKind))
+        kinds = _ALL_KINDS if self._path else _ROUTED_KINDS  # endpoints: unrouted only
+        return tuple(dict.fromkeys(self.key(kind) for kind in kinds))

@@ -30,6 +30,7 @@ __all__ = [
     "StateStore",
     "Ticket",
     "Transition",
+    "verdict_keys",
 ]
 
 DEFAULT_MAX_SCOPES = 10_000
@@ -271,10 +272,8 @@ class MemoryStore:
             if not ticket.probes and (origin is None or not origin.unhealthy):
                 return ()  # the healthy path: nothing kept, nothing to reset
             keys = ticket.facts.keys()
-        elif verdict.kind is Kind.NEUTRAL or verdict.scope is None:
-            keys = ()
         else:
-            keys = (ticket.facts.key(verdict.scope),)
+            keys = verdict_keys(ticket.facts, verdict)
         with self._lock:
             transitions = [
                 t
@@ -432,6 +431,15 @@ class MemoryStore:
 
     async def clear_async(self, scope_id: str) -> bool:
         return self.clear(scope_id)
+
+
+def verdict_keys(facts: ScopeFacts, verdict: Verdict) -> tuple[ScopeKey, ...]:
+    """The scopes a failure or suspension is recorded against; none for a neutral result."""
+    if verdict.kind is Kind.NEUTRAL or verdict.scope is None:
+        return ()
+    if verdict.also is None:
+        return (facts.key(verdict.scope),)
+    return tuple(dict.fromkeys((facts.key(verdict.scope), facts.key(verdict.also))))
 
 
 def _refusal(key: ScopeKey, c: Circuit) -> Refusal:

@@ -20,7 +20,7 @@ import httpx
 from ._attempts import Call, Clock, Close, Core, Read, Send, Sleep
 from ._circuit import State
 from ._config import Config
-from ._flavour import Flavour
+from ._flavour import Flavour, is_proxy
 from ._store import ScopeStatus, StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
@@ -61,6 +61,13 @@ class _Shell:
             config, store=store, clock=clock, flavour=self._flavour, exact_deadlines=self._exact
         )
         self._inner = transport if transport is not None else self._default_transport()
+        # A wrapped client's dispatch knows which of its transports an attempt
+        # takes; a plain inner transport either proxies everything or nothing.
+        via_proxy = getattr(self._inner, "via_proxy", None)
+        if via_proxy is None and is_proxy(self._inner):
+            via_proxy = _always
+        if via_proxy is not None:
+            self._core.via_proxy = via_proxy
         # False turns this transport into a plain pass-through to the inner one
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
@@ -125,6 +132,15 @@ class _SyncShell(_Shell):
 
     def close(self) -> None:
         self._inner.close()
+
+    # A client used as a context manager enters and exits its transports: the
+    # inner one gets exactly those calls, as it would with no sidestep between.
+    def __enter__(self) -> Any:
+        self._inner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._inner.__exit__(*exc_info)
 
     def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None
@@ -207,6 +223,13 @@ class _AsyncShell(_Shell):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+    async def __aenter__(self) -> Any:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._inner.__aexit__(*exc_info)
 
     async def asuspensions(self) -> list[Suspension]:
         """`suspensions()` without blocking the event loop on a shared store."""
@@ -340,6 +363,12 @@ class _NoDeadline:
 
 
 _NO_DEADLINE = _NoDeadline()
+
+
+def _always(url: Any) -> bool:
+    return True
+
+
 _REPLAYS: dict[tuple[str, bool], type[Any]] = {}
 
 

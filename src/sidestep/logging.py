@@ -2,14 +2,17 @@
 
 ``redact`` is a structlog processor that applies the redaction rules
 (DESIGN §7) to any event dict, so applications can put it in their own chain.
-``emit`` sends one sidestep event through ``structlog.get_logger("sidestep")``
-after redacting it itself, whether or not the application configured
-structlog, and hands the same redacted fields to the registered observers.
+``emit`` reports one sidestep event, redacted: to the standard library logger
+``logging.getLogger("sidestep")`` (which has only a ``NullHandler`` of its
+own, so the application's logging configuration decides where it goes), or
+through ``structlog.get_logger("sidestep")`` when the application configured
+structlog; and to the registered observers.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import re
 import threading
 from collections.abc import Mapping, MutableMapping
@@ -252,13 +255,24 @@ class Observer(Protocol):
     def __call__(self, event: str, fields: Mapping[str, Any], /) -> None: ...
 
 
+# Per-request events are DEBUG; transitions and the shared store's health are
+# INFO or WARNING, so what an outage writes at INFO follows transitions, not traffic.
 _LEVELS = {
-    "upstream.failed": "warning",
-    "circuit.opened": "warning",
-    "all_candidates_suspended": "warning",
-    "store.unavailable": "warning",
+    "circuit.opened": logging.WARNING,
+    "circuit.half_open": logging.INFO,
+    "circuit.closed": logging.INFO,
+    "all_candidates_suspended": logging.WARNING,
+    "store.unavailable": logging.WARNING,
+    "store.recovered": logging.INFO,
 }
-_logger = structlog.get_logger("sidestep")
+_STRUCTLOG_METHODS = {
+    logging.DEBUG: "debug",
+    logging.INFO: "info",
+    logging.WARNING: "warning",
+}
+_logger = logging.getLogger("sidestep")
+_logger.addHandler(logging.NullHandler())  # a library adds no other handler
+_structlog_logger = structlog.get_logger("sidestep")
 _observers: tuple[Observer, ...] = ()
 _observers_lock = threading.Lock()
 
@@ -277,17 +291,36 @@ def remove_observer(observer: Observer) -> None:
         _observers = tuple(o for o in _observers if o != observer)
 
 
-def emit(event: str, /, **fields: Any) -> None:
-    """Log sidestep's event ``event`` with ``fields``, redacted, and tell the observers.
+def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
+    """Report sidestep's event ``event`` with ``fields``, redacted, and tell the observers.
 
-    Logged at warning level for failures and suspensions, info otherwise,
-    through ``structlog.get_logger("sidestep")``; sidestep never configures
-    structlog itself.
+    ``_level`` overrides the event's usual level (DEBUG for per-request events,
+    INFO or WARNING for transitions and the store's health). When the
+    application configured structlog, the event goes through
+    ``structlog.get_logger("sidestep")``; otherwise through the standard
+    library's ``logging.getLogger("sidestep")`` as ``"event key=value ..."``,
+    with the fields also on the record as ``record.sidestep``. sidestep never
+    configures either. Nothing is formatted for a logger that would drop it.
     """
-    level = _LEVELS.get(event, "info")
-    redact(_logger, level, fields)
-    getattr(_logger, level)(event, **fields)
+    level = _LEVELS.get(event, logging.DEBUG) if _level is None else _level
     observers = _observers
+    if structlog.is_configured():
+        redact(_structlog_logger, _STRUCTLOG_METHODS[level], fields)
+        getattr(_structlog_logger, _STRUCTLOG_METHODS[level])(event, **fields)
+    elif _logger.isEnabledFor(level):
+        redact(_logger, _STRUCTLOG_METHODS[level], fields)
+        shown = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        _logger.log(
+            level,
+            "%s %s" if shown else "%s%s",
+            event,
+            shown,
+            extra={"sidestep": {"event": event, **fields}},
+        )
+    elif observers:
+        redact(_logger, _STRUCTLOG_METHODS[level], fields)
+    else:
+        return
     if observers:
         frozen = MappingProxyType(fields)
         for observer in observers:

@@ -3,9 +3,9 @@
 `sidestep run` puts this directory first on ``PYTHONPATH``, so Python's `site`
 imports this module as `sitecustomize` at start-up. It first runs the
 `sitecustomize` it shadows, if there is one, then calls `sidestep.install()`
-with the file named by ``SIDESTEP_CONFIG``. It never stops the program: if
-sidestep cannot be installed, one line on stderr says why and the program
-runs without it.
+with the file named by ``SIDESTEP_CONFIG``, or with the defaults when none is
+named. It never stops the program: if sidestep cannot be installed, one line
+on stderr says why and the program runs without it.
 """
 
 from __future__ import annotations
@@ -27,20 +27,17 @@ def _run_shadowed() -> None:
     spec.loader.exec_module(module)
 
 
-class _NotConfigured(Exception):
-    pass
-
-
 def _install() -> None:
     try:
         path = os.environ.get("SIDESTEP_CONFIG")
-        if not path:
-            raise _NotConfigured("SIDESTEP_CONFIG is not set")
         import warnings
 
         from sidestep._adopt import install
         from sidestep._config import SidestepConfigWarning, load_config
 
+        if not path:
+            install()  # no file named: the defaults (per-host breaking, no routes)
+            return
         with warnings.catch_warnings():
             # `sidestep run` showed them once already; every interpreter would repeat them
             warnings.simplefilter("ignore", SidestepConfigWarning)
@@ -53,7 +50,7 @@ def _reason(exc: Exception) -> str:
     if isinstance(exc, ImportError):
         return f"cannot import {exc.name or 'a module'}"
     errors = sys.modules.get("sidestep._errors")
-    if isinstance(exc, _NotConfigured) or (errors and isinstance(exc, errors.ConfigError)):
+    if errors and isinstance(exc, errors.ConfigError):
         # ConfigError messages name a file, a key path and a reason, never a value
         return " ".join(str(exc).split())
     return type(exc).__name__  # any other message is not ours to repeat
