@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -125,33 +126,147 @@ def test_healthy_responses_pass_unchanged(client: httpx.Client) -> None:
 
 
 class Server:
-    """A minimal server side: records start_response calls and hands out a write callable."""
+    """A minimal server side: records start_response calls and writes, in order.
+
+    Like a PEP 3333 server, it re-raises an ``exc_info`` it is given once
+    `headers_sent` is set.
+    """
 
     def __init__(self) -> None:
         self.starts: list[tuple[str, list[tuple[str, str]], Any]] = []
         self.written: list[bytes] = []
+        self.events: list[str] = []
+        self.headers_sent = False
 
     def start_response(
         self, status: str, headers: list[tuple[str, str]], exc_info: Any = None, /
     ) -> Any:
+        if exc_info is not None and self.headers_sent:
+            raise exc_info[1].with_traceback(exc_info[2])
         self.starts.append((status, headers, exc_info))
-        return self.written.append
+        self.events.append(f"start {status}")
+        return self.write
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+        self.events.append("write")
 
 
-def test_replacement_passes_exc_info() -> None:
-    """The 503 start carries the exception, as PEP 3333 requires to replace headers already set."""
-    error = suspension()
+def test_503_is_the_only_start_and_without_exc_info() -> None:
+    """Headers the app set but never sent are dropped: the 503 is the server's one start, without exc_info."""
     server = Server()
 
     def failing(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         start_response("200 OK", TEXT)
-        raise error
+        raise suspension()
 
     body = SuspensionMiddleware(failing)({}, server.start_response)
-    (status, _, _), (status_503, _, exc_info) = server.starts
-    assert (status, status_503) == ("200 OK", "503 Service Unavailable")
-    assert exc_info[1] is error
+    [(status, headers, exc_info)] = server.starts
+    assert (status, exc_info) == ("503 Service Unavailable", None)
+    assert ("content-type", "application/json") in headers and TEXT[0] not in headers
     assert b"".join(body).startswith(b'{"error"')
+
+
+def test_start_is_held_until_the_first_chunk() -> None:
+    """The app's start reaches the server only when its first chunk is produced, unchanged."""
+    server = Server()
+
+    def plain(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("200 OK", TEXT)
+        return Body([b"first", b"second"])
+
+    chunks = iter(SuspensionMiddleware(plain)({}, server.start_response))
+    assert server.starts == []
+    assert next(chunks) == b"first"
+    assert server.starts == [("200 OK", TEXT, None)]
+    assert list(chunks) == [b"second"]
+    assert len(server.starts) == 1
+
+
+def test_empty_body_starts_before_iteration_ends() -> None:
+    """An empty body still gives the server the app's start before its iteration ends."""
+    server = Server()
+
+    def empty(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("204 No Content", [])
+        return Body([])
+
+    chunks = iter(SuspensionMiddleware(empty)({}, server.start_response))
+    with pytest.raises(StopIteration):
+        next(chunks)
+    assert server.starts == [("204 No Content", [], None)]
+
+
+def test_write_starts_the_response_first() -> None:
+    """The app's write() passes the held start to the server before the data, then writes through."""
+    server = Server()
+
+    def writing(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        write = start_response("200 OK", TEXT)
+        write(b"one")
+        write(b"two")
+        return Body([b"three"])
+
+    body = SuspensionMiddleware(writing)({}, server.start_response)
+    assert server.events == ["start 200 OK", "write", "write"]
+    assert list(body) == [b"three"]
+    assert server.written == [b"one", b"two"]
+    assert len(server.starts) == 1
+
+
+def test_new_start_with_exc_info_replaces_the_held_one() -> None:
+    """Before anything was sent, a start with exc_info replaces the held one: the server sees only it."""
+    server = Server()
+
+    def handling(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("200 OK", TEXT)
+        try:
+            raise RuntimeError("the app's own error")
+        except RuntimeError:
+            start_response("500 Internal Server Error", [("x-error", "1")], sys.exc_info())
+        return [b"sorry"]
+
+    assert list(SuspensionMiddleware(handling)({}, server.start_response)) == [b"sorry"]
+    [(status, headers, exc_info)] = server.starts
+    assert (status, headers) == ("500 Internal Server Error", [("x-error", "1")])
+    assert isinstance(exc_info[1], RuntimeError)  # the app's own, passed on as it gave it
+
+
+def test_second_start_without_exc_info_is_an_error() -> None:
+    """A second start without exc_info raises AssertionError, as wsgiref does, and reaches no server."""
+    server = Server()
+
+    def twice(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("200 OK", TEXT)
+        start_response("201 Created", TEXT)
+        return [b"never"]
+
+    with pytest.raises(AssertionError, match="second time"):
+        SuspensionMiddleware(twice)({}, server.start_response)
+    assert server.starts == []
+
+
+def test_exc_info_after_headers_were_sent_is_reraised() -> None:
+    """Once the start went to the server, a start with exc_info goes straight to it, which re-raises the error."""
+    server = Server()
+    error = RuntimeError("after the headers")
+
+    def late(environ: WSGIEnvironment, start_response: StartResponse) -> Iterator[bytes]:
+        start_response("200 OK", TEXT)
+        yield b"first"
+        try:
+            raise error
+        except RuntimeError:
+            start_response("500 Internal Server Error", [], sys.exc_info())
+        yield b"never"
+
+    chunks = iter(SuspensionMiddleware(late)({}, server.start_response))
+    assert next(chunks) == b"first"
+    server.headers_sent = True
+    with pytest.raises(RuntimeError) as raised:
+        next(chunks)
+    assert raised.value is error
+    assert len(server.starts) == 1
 
 
 def test_started_body_reraises_the_same_error() -> None:

@@ -7,7 +7,6 @@ Flask turns view errors into 500s before a WSGI middleware sees them; use
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -16,6 +15,9 @@ from ._suspended import find_suspended, unavailable_body, unavailable_headers
 if TYPE_CHECKING:
     from _typeshed import OptExcInfo
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+    # An app's start_response call: status, headers and exc_info.
+    _Start = tuple[str, list[tuple[str, str]], OptExcInfo | None]
 
 __all__ = ["SuspensionMiddleware"]
 
@@ -29,9 +31,18 @@ class SuspensionMiddleware:
     chain holds ``AllCandidatesSuspended`` — from the call itself or while
     producing its first body chunk — and nothing of the body has reached the
     server yet, the client gets the 503 of DESIGN §3.4, with ``Retry-After``
-    when known; headers the app had already set are replaced, as PEP 3333
-    allows an error handler to do. After that the exception is re-raised
-    unchanged, and the app's iterable is always closed.
+    when known. After that the exception is re-raised unchanged, and the
+    app's iterable is always closed, once.
+
+    The app's ``start_response`` call is held until its first body chunk (or
+    its first ``write()``), so headers the app set but never sent are simply
+    dropped: the 503 is the server's first and only start, without
+    ``exc_info``. Servers and in-process test clients (``httpx.WSGITransport``,
+    werkzeug's and Flask's test clients) that re-raise any ``exc_info`` they
+    are given therefore answer the 503 too. Held calls follow PEP 3333: a new
+    call with ``exc_info`` replaces the held one, a second call without it is
+    an error, and once the start has gone to the server further calls go
+    straight to it.
 
     Example::
 
@@ -58,10 +69,16 @@ class SuspensionMiddleware:
 class _Exchange:
     """One request's response state, between the app and the server."""
 
-    __slots__ = ("_server_start_response", "started")
+    __slots__ = ("_held", "_server_start_response", "_server_write", "sent", "started")
 
     def __init__(self, start_response: StartResponse) -> None:
         self._server_start_response = start_response
+        # The app's start_response call, not yet passed to the server.
+        self._held: _Start | None = None
+        self._server_write: Callable[[bytes], object] | None = None
+        # Whether the server's start_response has been called: from then on
+        # the app's calls go straight to the server.
+        self.sent = False
         # Whether anything of the body has gone to the server: from then on
         # the server may have sent the headers, and no 503 can replace them.
         self.started = False
@@ -73,21 +90,40 @@ class _Exchange:
         exc_info: OptExcInfo | None = None,
         /,
     ) -> Callable[[bytes], object]:
-        write = self._server_start_response(status, headers, exc_info)
+        if self.sent:
+            # Past the middleware: the server re-raises exc_info if it sent the headers.
+            self._server_write = self._server_start_response(status, headers, exc_info)
+        elif exc_info is None and self._held is not None:
+            raise AssertionError("start_response called a second time without exc_info")
+        else:
+            self._held = (status, headers, exc_info)
+        return self.write
 
-        def write_tracking(data: bytes) -> object:
-            self.started = True
-            return write(data)
+    def write(self, data: bytes) -> object:
+        """The app's ``write()``: starts the response first, then hands ``data`` to the server."""
+        self.flush()
+        self.started = True
+        if self._server_write is None:
+            raise AssertionError("write() called before start_response()")
+        return self._server_write(data)
 
-        return write_tracking
+    def flush(self) -> None:
+        """Pass the held start to the server, once; nothing when the app never started."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self.sent = True
+        # exc_info is the app's own, passed on as the app gave it.
+        self._server_write = self._server_start_response(*held)
 
     def unavailable(self, exc: Exception) -> list[bytes] | None:
         """Start the 503 and return its body if ``exc``, being handled, allows it; else ``None``."""
         suspended = find_suspended(exc)
-        if suspended is None or self.started:
+        if suspended is None or self.started or self.sent:
             return None
-        # exc_info lets the server replace headers the app set but that were never sent.
-        self._server_start_response(_STATUS, unavailable_headers(suspended), sys.exc_info())
+        self._held = None  # the app's headers were never sent: dropped
+        self.sent = True
+        self._server_start_response(_STATUS, unavailable_headers(suspended))
         return [unavailable_body(suspended)]
 
 
@@ -108,6 +144,7 @@ class _Body:
             try:
                 chunk = next(chunks)
             except StopIteration:
+                exchange.flush()  # an empty body: the response still starts
                 return
             except Exception as exc:
                 answer = exchange.unavailable(exc)
@@ -116,6 +153,7 @@ class _Body:
                 self.close()  # the app's body is abandoned for the 503
                 yield from answer
                 return
+            exchange.flush()
             exchange.started = True  # before the server can send anything of it
             yield chunk
         yield from chunks
