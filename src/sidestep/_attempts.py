@@ -23,6 +23,7 @@ from ._classify import BODY_PREFIX_LIMIT, ErrorKind, Exchange, Kind, Verdict
 from ._config import Config, FailoverPolicy, as_config
 from ._errors import AllCandidatesSuspended, CandidateStatus
 from ._flavour import Flavour
+from ._reverse import client_view
 from ._routes import (
     Candidates,
     CompiledTarget,
@@ -545,6 +546,10 @@ class Core:
     # -- endings --------------------------------------------------------------------
 
     def _attribute(self, response: Any, run: _Run, target: CompiledTarget, index: int) -> Any:
+        if index or not run.cands.direct:  # a rewritten target: its answer in the client's terms
+            raw = client_view(response.headers.raw, target, run.request.url, run.cands)
+            if raw is not None:
+                response.headers = type(response.headers)(raw)
         response.extensions["sidestep"] = {
             "route": run.route_name,
             "target": target.name,
@@ -653,8 +658,9 @@ class Core:
 
     def _streamed_body(self, request: Any) -> bytes | None:
         """The body of a request whose content is not in memory yet, when it can be replayed."""
-        if isinstance(request.stream, self.flavour.multipart):
-            return request.read()  # type: ignore[no-any-return]  # in-memory parts
+        if isinstance(request.stream, (self.flavour.multipart, self._byte_stream)):
+            # in-memory parts, or bytes passed as a stream (a followed redirect's body)
+            return request.read()  # type: ignore[no-any-return]
         return None
 
     def _rewrite(self, run: _Run, target: CompiledTarget) -> tuple[Any, Any, bytes | None]:
