@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import warnings
 from collections.abc import Callable, Iterator
@@ -14,7 +15,7 @@ from drivers import KINDS, Driver, route
 from sidestep._config import SidestepConfigWarning
 from sidestep._scopes import is_credential
 from sidestep.logging import REDACTED, redact_value
-from upstream import Respond, Upstream
+from upstream import Respond, Upstream, free_port
 
 MakeDriver = Callable[..., Driver]
 
@@ -81,5 +82,91 @@ def test_camel_case_credentials_do_not_cross_origins(
     assert "secret" not in json.dumps(seen.headers)
 
 
-# keep `sidestep` imported for the tests below that build configs directly
-assert sidestep.Config
+# -- userinfo in a target URL ------------------------------------------------------------
+
+
+def basic(userpass: str) -> str:
+    return "Basic " + base64.b64encode(userpass.encode()).decode()
+
+
+def test_target_userinfo_is_sent_as_its_basic_credentials(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Userinfo in a target URL reaches that target as Basic credentials, first or failover."""
+    a.behaviour = unavailable
+    a_url = a.url.replace("http://", "http://svc:s3cret@") + "/v1"
+    b_url = b.url.replace("http://", "http://b%40svc:p%3Aw@") + "/v1"
+    d = make(route(("a", a_url), ("b", b_url)))
+    assert d.get(a.url + "/v1/x").text == "b"
+    assert a.seen[0].headers["authorization"] == basic("svc:s3cret")
+    assert b.seen[0].headers["authorization"] == basic("b@svc:p:w")
+
+
+def test_target_userinfo_and_authorization_header_are_refused_together() -> None:
+    """A target giving Basic userinfo and an authorization header fails to load, quoting neither."""
+    config = route(("a", "https://svc:s3cret@a.example/v1"))
+    config["routes"][0]["targets"][0]["headers"] = {"Authorization": "Bearer hdr-secret"}
+    with pytest.raises(sidestep.ConfigError) as caught:
+        sidestep.FailoverTransport(config)
+    message = str(caught.value)
+    assert "userinfo" in message
+    assert "authorization" in message
+    assert "s3cret" not in message
+    assert "hdr-secret" not in message
+
+
+# -- one spelling of a host ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("configured", ["xn--bcher-kva.example", "BÜCHER.example"])
+@pytest.mark.parametrize("requested", ["xn--bcher-kva.example", "bücher.example"])
+def test_a_host_matches_its_route_in_either_spelling(
+    configured: str, requested: str, make: MakeDriver, b: Upstream
+) -> None:
+    """An IDN target written in ASCII or Unicode matches requests in either spelling and fails over."""
+    port = free_port()
+    d = make(route(("a", f"http://{configured}:{port}/v1"), ("b", b.url + "/v1")))
+    r = d.get(f"http://{requested}:{port}/v1/x")
+    assert (r.text, r.extensions["sidestep"]["route"]) == ("b", "chat")
+
+
+# -- suspensions name their own targets ------------------------------------------------------
+
+
+def two_keys(a: Upstream) -> dict[str, Any]:
+    """The README's two-keys-one-origin route: main-key sends the caller's key, second-key its own."""
+    return route(
+        ("main-key", a.url + "/v1"),
+        ("second-key", a.url + "/v1"),
+        targets={"second-key": {"headers": {"x-api-key": "SECOND"}}},
+    )
+
+
+def test_a_suspension_names_the_target_whose_key_it_is(make: MakeDriver, a: Upstream) -> None:
+    """A rate limit on second-key is listed as second-key, the bad main key as main-key."""
+    a.behaviour = lambda seen: (
+        Respond(429, "slow down") if seen.headers["x-api-key"] == "SECOND" else Respond(401, "no")
+    )
+    d = make(two_keys(a))
+    r = d.post(a.url + "/v1/messages", json={"model": "m"}, headers={"x-api-key": "MAIN"})
+    assert r.status == 429
+    rows = {s.reason: s for s in d.transport.suspensions()}
+    assert (rows["rate_limited"].route, rows["rate_limited"].target) == ("chat", "second-key")
+    assert rows["rate_limited"].targets == (("chat", "second-key"),)
+    assert (rows["invalid_credential"].target, rows["invalid_credential"].targets) == (
+        "main-key",
+        (("chat", "main-key"),),
+    )
+
+
+def test_a_shared_scope_lists_every_target_that_shares_it(make: MakeDriver, a: Upstream) -> None:
+    """An outage of the origin's model scope belongs to both keys' targets: both are listed."""
+    a.behaviour = unavailable
+    config = two_keys(a)
+    config["breaker"]["failure_threshold"] = 1
+    d = make(config)
+    d.post(a.url + "/v1/messages", json={"model": "m"}, headers={"x-api-key": "MAIN"})
+    (s,) = d.transport.suspensions()
+    assert (s.scope, s.state) == ("origin+model", "open")
+    assert s.targets == (("chat", "main-key"), ("chat", "second-key"))
+    assert (s.route, s.target) == ("chat", "main-key")

@@ -405,6 +405,17 @@ class Target(_Model):
     json_fields: dict[str, Any] = Field(default_factory=dict, alias="json")
     inherit_credentials: bool = False
 
+    @model_validator(mode="after")
+    def _one_source_of_basic_credentials(self) -> Target:
+        # Userinfo in the URL is this target's Basic credentials (sent as its own
+        # Authorization header); with an authorization header too, one would be lost.
+        if "@" in urlsplit(self.url).netloc and "authorization" in self.headers:
+            raise ValueError(
+                "the URL's userinfo and the authorization header both give this target's"
+                " credentials: keep one"
+            )
+        return self
+
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         yield "name", self.name
         yield "origin", _origin(self.url)

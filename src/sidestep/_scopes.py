@@ -21,12 +21,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+import idna
+
 __all__ = [
     "CREDENTIAL_HEADERS",
     "Fingerprinter",
     "ScopeFacts",
     "ScopeKey",
     "ScopeKind",
+    "ascii_host",
     "is_credential",
     "model_of",
     "origin_key",
@@ -93,10 +96,26 @@ def is_credential(name: str) -> bool:
     return False
 
 
+def ascii_host(host: str) -> str:
+    """A host in its one normal form: lower case, and ASCII (IDNA) as it goes on the wire.
+
+    ``bücher.example`` and ``xn--bcher-kva.example`` are one host. The
+    encoding is httpx's own (the ``idna`` package); a name it refuses is kept
+    as written, lower-cased.
+    """
+    host = host.lower()
+    if host.isascii():
+        return host
+    try:
+        return idna.encode(host).decode("ascii")
+    except (idna.IDNAError, UnicodeError):
+        return host
+
+
 def origin_key(scheme: str, host: str, port: int | None) -> str:
-    """The origin as a key: scheme, lower-cased host and explicit port."""
+    """The origin as a key: scheme, host in its normal form (`ascii_host`) and explicit port."""
     scheme = scheme.lower()
-    return f"{scheme}://{host.lower()}:{port or _DEFAULT_PORTS.get(scheme, 0)}"
+    return f"{scheme}://{ascii_host(host)}:{port or _DEFAULT_PORTS.get(scheme, 0)}"
 
 
 def model_of(body: bytes) -> str | None:
