@@ -177,7 +177,7 @@ _URL_HELP = "must be an absolute http or https URL, such as https://api.example.
 def _normalise_url(value: str) -> str:
     """Lower-case scheme and host, drop a default port and trailing slashes; refuse the rest.
 
-    Userinfo is kept (it is a credential the request carries) but never echoed.
+    Userinfo is kept (the target's Basic credentials, see `_routes`) but never echoed.
     """
     if any(ch.isspace() or not ch.isprintable() for ch in value):
         raise ValueError("a URL must not contain whitespace or control characters")
