@@ -794,7 +794,7 @@ def test_reprs_hide_header_values_and_url_details() -> None:
     t = Target(
         name="backup",
         url=f"https://user:{SECRET}@api.backup.example/v1/private",
-        headers={"Authorization": f"Bearer {SECRET}"},
+        headers={"X-Api-Key": SECRET},
         json={"model": "m"},
     )
     config = Config(
@@ -806,7 +806,7 @@ def test_reprs_hide_header_values_and_url_details() -> None:
         assert "/v1" not in shown
     assert repr(t) == (
         "Target(name='backup', origin='https://api.backup.example',"
-        " header_names=['authorization'], json_keys=['model'], inherit_credentials=False)"
+        " header_names=['x-api-key'], json_keys=['model'], inherit_credentials=False)"
     )
     assert "origin='https://api.backup.example'" in str(t)
     assert "match=['http://llm.internal']" in repr(config.routes[0])

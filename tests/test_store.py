@@ -352,6 +352,28 @@ def test_retry_after_sets_the_window_within_the_reason_cap(
     assert store.snapshot(0)[0].retry_at == expected
 
 
+@pytest.mark.parametrize(("retry_after", "expected"), [(25.0, 25.0), (None, 10.0), (3600.0, 60.0)])
+def test_retry_after_on_an_outage_sets_the_open_window_within_max_cooldown(
+    retry_after: float | None, expected: float, make_store: MakeStore
+) -> None:
+    """A 503/529's Retry-After is the window of the circuit it opens, bounded by max_cooldown."""
+    store, p = make_store(), policy()
+    v = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, True, retry_after, 503)
+    fail(store, p, 0, 3, verdict=v)
+    assert store.snapshot(0)[0].retry_at == expected
+
+
+def test_retry_after_on_a_failed_probe_sets_the_next_window(make_store: MakeStore) -> None:
+    """A failed probe answered with Retry-After reopens for that long, not the doubled cooldown."""
+    store, p = make_store(), policy()
+    fail(store, p, 0, 3)
+    probe = admit(store, p, 10)
+    assert probe is not None
+    v = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, True, 45.0, 503)
+    store.record(probe, v, p, SUSPENSIONS, 10)
+    assert store.snapshot(10)[0].retry_at == 55
+
+
 def test_unbounded_reason_lasts_until_cleared(make_store: MakeStore) -> None:
     """A reason whose max is null stays open until an operator clears it."""
     store, p = make_store(), policy()

@@ -21,6 +21,7 @@ from . import _classify as c11n
 from ._circuit import State
 from ._classify import BODY_PREFIX_LIMIT, ErrorKind, Exchange, Kind, Verdict
 from ._config import Config, FailoverPolicy, as_config
+from ._encodings import decoded_head
 from ._errors import AllCandidatesSuspended, CandidateStatus
 from ._flavour import Flavour
 from ._reverse import client_view
@@ -366,7 +367,8 @@ class Core:
             if c11n.needs_body(status) and (routed or self._custom_classifier):
                 try:
                     head, _ = yield Read(response, request, BODY_PREFIX_LIMIT, deadline)
-                    body = b"".join(head)[:BODY_PREFIX_LIMIT]
+                    encoding = response.headers.get("content-encoding")
+                    body = decoded_head(head, encoding, BODY_PREFIX_LIMIT)
                 except Exception as exc:
                     yield Close(response)
                     return _Outcome(self._classify_error(request, exc, run), exc)

@@ -110,19 +110,36 @@ def on_success(c: Circuit, policy: BreakerPolicy, now: float) -> Circuit:
     return replace(c, failures=0, rate=rate)
 
 
-def on_failure(c: Circuit, policy: BreakerPolicy, now: float, next_gen: int) -> Circuit:
-    """A current request saw an availability failure on this scope."""
+def on_failure(
+    c: Circuit,
+    policy: BreakerPolicy,
+    now: float,
+    next_gen: int,
+    retry_after: float | None = None,
+) -> Circuit:
+    """A current request saw an availability failure on this scope.
+
+    When the failure opens the scope, an upstream's own ``Retry-After`` (a 503
+    or 529 announcing its downtime) is the window, bounded by `max_cooldown`;
+    without one, the window is `cooldown`, or the next, longer one after a
+    failed probe.
+    """
     if c.state is State.OPEN:
         return c  # the window is set on the transition only
     if c.state is State.HALF_OPEN:
         window = min(
             max(c.window, policy.cooldown) * policy.backoff_multiplier, policy.max_cooldown
         )
+        if retry_after is not None:
+            window = min(retry_after, policy.max_cooldown)
         return _open(c, UNAVAILABLE, window, now, next_gen)
     failures = c.failures + 1
     rate = _count(c.rate, policy.failure_rate, now, failed=True)
     if failures >= policy.failure_threshold or _tripped(rate, policy.failure_rate):
-        return _open(replace(c, failures=failures), UNAVAILABLE, policy.cooldown, now, next_gen)
+        window = policy.cooldown
+        if retry_after is not None:
+            window = min(retry_after, policy.max_cooldown)
+        return _open(replace(c, failures=failures), UNAVAILABLE, window, now, next_gen)
     return replace(c, failures=failures, rate=rate)
 
 

@@ -177,7 +177,7 @@ _URL_HELP = "must be an absolute http or https URL, such as https://api.example.
 def _normalise_url(value: str) -> str:
     """Lower-case scheme and host, drop a default port and trailing slashes; refuse the rest.
 
-    Userinfo is kept (it is a credential the request carries) but never echoed.
+    Userinfo is kept (the target's Basic credentials, see `_routes`) but never echoed.
     """
     if any(ch.isspace() or not ch.isprintable() for ch in value):
         raise ValueError("a URL must not contain whitespace or control characters")
@@ -404,6 +404,17 @@ class Target(_Model):
     )
     json_fields: dict[str, Any] = Field(default_factory=dict, alias="json")
     inherit_credentials: bool = False
+
+    @model_validator(mode="after")
+    def _one_source_of_basic_credentials(self) -> Target:
+        # Userinfo in the URL is this target's Basic credentials (sent as its own
+        # Authorization header); with an authorization header too, one would be lost.
+        if "@" in urlsplit(self.url).netloc and "authorization" in self.headers:
+            raise ValueError(
+                "the URL's userinfo and the authorization header both give this target's"
+                " credentials: keep one"
+            )
+        return self
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         yield "name", self.name

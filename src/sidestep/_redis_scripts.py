@@ -227,12 +227,15 @@ local function on_failure(c, gen)
   if c.st == 'open' then return c end
   if c.st == 'half_open' then
     local window = math.min(math.max(c.w, COOLDOWN) * MULTIPLIER, MAX_COOLDOWN)
+    if RETRY_AFTER then window = math.min(RETRY_AFTER, MAX_COOLDOWN) end
     return open(c, UNAVAILABLE, window, gen)
   end
   local f = c.f + 1
   local rt = count(c.rt, true)
   if f >= THRESHOLD or tripped(rt) then
-    return open(copy(c, {f = f}), UNAVAILABLE, COOLDOWN, gen)
+    local window = COOLDOWN
+    if RETRY_AFTER then window = math.min(RETRY_AFTER, MAX_COOLDOWN) end
+    return open(copy(c, {f = f}), UNAVAILABLE, window, gen)
   end
   return copy(c, {f = f, rt = rt})
 end

@@ -8,12 +8,13 @@ segment boundaries: ``/v1`` matches ``/v1`` and ``/v1/chat``, never ``/v10``.
 from __future__ import annotations
 
 import json
+from base64 import b64encode
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import quote, unquote, urlsplit
 
-from ._scopes import is_credential, origin_key
+from ._scopes import Fingerprinter, ScopeKey, ScopeKind, ascii_host, is_credential, origin_key
 
 if TYPE_CHECKING:
     from ._config import Config, FailoverPolicy, Route
@@ -94,11 +95,22 @@ def _split(url: str) -> tuple[str, str, int | None, str]:
     parts = urlsplit(url)
     # Paths are compared and joined percent-encoded, as they travel.
     path = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=-._~")
-    return parts.scheme, (parts.hostname or ""), parts.port, path
+    # The host in its one normal form, as requests' hosts are compared and sent.
+    return parts.scheme, ascii_host(parts.hostname or ""), parts.port, path
+
+
+def _basic_credentials(url: str) -> tuple[tuple[str, str], ...]:
+    """The userinfo of a target URL as that target's own Basic credentials (as httpx sends it)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return ()
+    userpass = f"{unquote(parts.username or '')}:{unquote(parts.password or '')}"
+    return (("authorization", "Basic " + b64encode(userpass.encode()).decode("ascii")),)
 
 
 def compile_target(target: Any) -> CompiledTarget:
     scheme, host, port, path = _split(target.url)
+    headers = tuple((k.lower(), v) for k, v in target.headers.items())
     return CompiledTarget(
         name=target.name,
         scheme=scheme,
@@ -107,7 +119,7 @@ def compile_target(target: Any) -> CompiledTarget:
         path=path,
         origin=origin_key(scheme, host, port),
         shown=display_origin(scheme, host, port),
-        headers=tuple((k.lower(), v) for k, v in target.headers.items()),
+        headers=headers + _basic_credentials(target.url),
         json_fields=dict(target.json_fields) or None,
         inherit_credentials=target.inherit_credentials,
     )
@@ -139,13 +151,27 @@ class Router:
             prefixes.sort(key=lambda p: len(p[0]), reverse=True)
         self._table = table
 
-    def target_names(self) -> dict[str, str]:
-        """Origin -> the name of the first target there, for operator listings."""
-        names: dict[str, str] = {}
-        for route in self.routes.values():
-            for target in route.targets:
-                names.setdefault(target.origin, target.name)
-        return names
+    def owners(self, scope: ScopeKey, fingerprint: Fingerprinter) -> tuple[tuple[str, str], ...]:
+        """Every (route, target) whose scope `scope` is, for operator listings.
+
+        All the targets on the scope's origin share its origin and model
+        scopes. A credential scope belongs to the targets whose own credential
+        headers give its fingerprint; failing that, to those that carry the
+        caller's credentials (no credential headers of their own); failing
+        that, to every target on the origin.
+        """
+        here = [
+            (route, target)
+            for route in self.routes.values()
+            for target in route.targets
+            if target.origin == scope.origin
+        ]
+        if len(here) > 1 and scope.kind in (ScopeKind.CREDENTIAL, ScopeKind.CREDENTIAL_MODEL):
+            pairs = [(p, {n: v for n, v in p[1].headers if is_credential(n)}) for p in here]
+            exact = [p for p, own in pairs if fingerprint(own, "") == scope.credential]
+            callers = [p for p, own in pairs if not own]
+            here = exact or callers or here
+        return tuple(dict.fromkeys((route.name, target.name) for route, target in here))
 
     def match(self, origin: str, path: str) -> Candidates | None:
         """The route whose longest prefix matches this origin and path, if any."""

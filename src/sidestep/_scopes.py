@@ -11,6 +11,7 @@ because the healthy path never needs them.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import hmac
 import json
@@ -21,12 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+import idna
+
 __all__ = [
     "CREDENTIAL_HEADERS",
     "Fingerprinter",
     "ScopeFacts",
     "ScopeKey",
     "ScopeKind",
+    "ascii_host",
     "is_credential",
     "model_of",
     "origin_key",
@@ -42,15 +46,30 @@ class ScopeKind(str, enum.Enum):
 
 
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
-# Any other header or query parameter whose name has one of these words among
-# its parts (split on -, _ and .) is a credential too: x-goog-api-key,
-# x-auth-token, ?key=, ?access_token=, ?sig= — but not max_tokens or author.
+# Any other header, query parameter or logged field whose name has one of
+# these words among its words is a credential too. A name is split on -, _, .
+# and spaces and at camelCase humps: x-goog-api-key, X-AuthToken, accessToken,
+# ClientSecret, ?key=, ?sig= — but not max_tokens, keywords or author.
 _CREDENTIAL_WORDS = frozenset(
     {"auth", "authorization", "key", "apikey", "token", "secret", "password", "passwd"}
-    | {"signature", "sig", "credential", "credentials"}
+    | {"signature", "sig", "credential", "credentials", "cookie"}
 )
-_NOT_CREDENTIALS = frozenset({"idempotency-key"})
-_NAME_PARTS = re.compile(r"[-_.]")
+# A word run together in lower case still counts when it ends in one of these
+# (accesstoken, clientsecret, xapikey); "key" alone is too common an ending.
+_CREDENTIAL_ENDINGS = (
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "apikey",
+    "signature",
+    "credential",
+    "credentials",
+)
+_NOT_CREDENTIALS = frozenset({"idempotency-key", "idempotency_key", "idempotencykey"})
+_NAME_SEPARATORS = re.compile(r"[-_.\s]+")
+# camelCase humps: "XAuthToken" -> X, Auth, Token; "APIKey" -> API, Key.
+_NAME_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # A model name longer than this is no model name; it must not bloat keys.
 _MAX_MODEL_CHARS = 256
@@ -59,20 +78,46 @@ _MAX_MODEL_CHARS = 256
 _MAX_MODEL_BODY = 4 * 1024 * 1024
 
 
+@functools.lru_cache(maxsize=2048)
 def is_credential(name: str) -> bool:
-    """Does a header or query parameter of this name carry a credential?"""
-    name = name.lower()
-    if name in CREDENTIAL_HEADERS:
+    """Does a header, query parameter or logged field of this name carry a credential?
+
+    The one rule for credential names: what crosses no origin is also what
+    the logging redacts.
+    """
+    lower = name.lower()
+    if lower in CREDENTIAL_HEADERS:
         return True
-    if name in _NOT_CREDENTIALS:
+    if lower in _NOT_CREDENTIALS:
         return False
-    return not _CREDENTIAL_WORDS.isdisjoint(_NAME_PARTS.split(name))
+    for part in _NAME_SEPARATORS.split(name):
+        for word in _NAME_WORDS.findall(part):
+            word = word.lower()
+            if word in _CREDENTIAL_WORDS or word.endswith(_CREDENTIAL_ENDINGS):
+                return True
+    return False
+
+
+def ascii_host(host: str) -> str:
+    """A host in its one normal form: lower case, and ASCII (IDNA) as it goes on the wire.
+
+    ``bücher.example`` and ``xn--bcher-kva.example`` are one host. The
+    encoding is httpx's own (the ``idna`` package); a name it refuses is kept
+    as written, lower-cased.
+    """
+    host = host.lower()
+    if host.isascii():
+        return host
+    try:
+        return idna.encode(host).decode("ascii")
+    except (idna.IDNAError, UnicodeError):
+        return host
 
 
 def origin_key(scheme: str, host: str, port: int | None) -> str:
-    """The origin as a key: scheme, lower-cased host and explicit port."""
+    """The origin as a key: scheme, host in its normal form (`ascii_host`) and explicit port."""
     scheme = scheme.lower()
-    return f"{scheme}://{host.lower()}:{port or _DEFAULT_PORTS.get(scheme, 0)}"
+    return f"{scheme}://{ascii_host(host)}:{port or _DEFAULT_PORTS.get(scheme, 0)}"
 
 
 def model_of(body: bytes) -> str | None:

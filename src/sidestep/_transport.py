@@ -31,7 +31,14 @@ _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout
 
 @dataclass(frozen=True, slots=True)
 class Suspension:
-    """One scope that is not healthy, as `transport.suspensions()` lists it."""
+    """One scope that is not healthy, as `transport.suspensions()` lists it.
+
+    `target` and `route` name the target whose scope it is (for an origin no
+    route names, `target` is that origin and `route` None). A scope shared
+    by several targets — an origin or model scope on an origin that several
+    targets use — lists every (route, target) in `targets`; `target` and
+    `route` are the first of them.
+    """
 
     scope_id: str
     target: str
@@ -41,6 +48,8 @@ class Suspension:
     failures: int
     retry_at: float | None  # on the transport's clock; None while open until cleared
     retry_in: float | None
+    route: str | None = None
+    targets: tuple[tuple[str, str], ...] = ()
 
 
 class _Shell:
@@ -97,22 +106,28 @@ class _Shell:
         return self._suspensions(self._core.store.snapshot(now))
 
     def _suspensions(self, snapshot: list[ScopeStatus]) -> list[Suspension]:
-        names = self._core.router.target_names()
-        return [
-            Suspension(
-                scope_id=s.scope_id,
-                target=names.get(s.scope.origin, s.scope.origin),
-                scope=s.scope.kind.value,
-                state=s.state.value,
-                reason=s.reason,
-                failures=s.failures,
-                retry_at=None
-                if math.isinf(s.retry_at) or s.state is not State.OPEN
-                else s.retry_at,
-                retry_in=s.retry_in,
+        owners, fingerprint = self._core.router.owners, self._core.store.fingerprint
+        rows = []
+        for s in snapshot:
+            targets = owners(s.scope, fingerprint)
+            route, target = targets[0] if targets else (None, s.scope.origin)
+            rows.append(
+                Suspension(
+                    scope_id=s.scope_id,
+                    target=target,
+                    scope=s.scope.kind.value,
+                    state=s.state.value,
+                    reason=s.reason,
+                    failures=s.failures,
+                    retry_at=None
+                    if math.isinf(s.retry_at) or s.state is not State.OPEN
+                    else s.retry_at,
+                    retry_in=s.retry_in,
+                    route=route,
+                    targets=targets,
+                )
             )
-            for s in snapshot
-        ]
+        return rows
 
     def clear(self, scope_id: str) -> bool:
         """Close one scope by hand; whether it existed."""

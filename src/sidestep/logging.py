@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import structlog
 
+from ._scopes import is_credential
+
 __all__ = [
     "REDACTED",
     "Observer",
@@ -164,8 +166,8 @@ def mask_text(text: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _is_sensitive_key(key: str) -> bool:
-    folded = key.lower().replace("-", "").replace("_", "")
-    return folded in _BODY_KEYS or any(word in folded for word in _CREDENTIAL_WORDS)
+    # A credential by the same rule that keeps it from crossing origins.
+    return key.lower().replace("-", "").replace("_", "") in _BODY_KEYS or is_credential(key)
 
 
 def redact_value(key: str, value: object) -> object:

@@ -1,0 +1,172 @@
+"""Who a target is: its credential names, its userinfo, its host's spelling, its suspensions."""
+
+from __future__ import annotations
+
+import base64
+import json
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import sidestep
+from drivers import KINDS, Driver, route
+from sidestep._config import SidestepConfigWarning
+from sidestep._scopes import is_credential
+from sidestep.logging import REDACTED, redact_value
+from upstream import Respond, Upstream, free_port
+
+MakeDriver = Callable[..., Driver]
+
+
+@pytest.fixture(params=KINDS)
+def make(request: pytest.FixtureRequest) -> Iterator[MakeDriver]:
+    drivers: list[Driver] = []
+
+    def build(config: Any = None, **kw: Any) -> Driver:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SidestepConfigWarning)
+            driver = Driver(str(request.param), config, **kw)
+        drivers.append(driver)
+        return driver
+
+    yield build
+    for driver in drivers:
+        driver.close()
+
+
+def unavailable(_: Any) -> Respond:
+    return Respond(503, "down")
+
+
+# -- one rule for credential names ---------------------------------------------------
+
+CAMEL_CREDENTIALS = ["X-AuthToken", "ClientSecret", "accessToken", "APIKey", "xApiKey"]
+NOT_CREDENTIALS = ["max_tokens", "maxTokens", "Idempotency-Key", "author", "keywords", "alt"]
+
+
+@pytest.mark.parametrize("name", [*CAMEL_CREDENTIALS, "accesstoken", "clientsecret", "Set-Cookie"])
+def test_camel_case_and_run_together_credential_names_are_credentials(name: str) -> None:
+    """camelCase humps and lower-case runs ending in a credential word name a credential."""
+    assert is_credential(name)
+
+
+@pytest.mark.parametrize("name", NOT_CREDENTIALS)
+def test_ordinary_names_stay_ordinary(name: str) -> None:
+    """max_tokens, Idempotency-Key, author and their kin are not credentials."""
+    assert not is_credential(name)
+
+
+@pytest.mark.parametrize("name", [*CAMEL_CREDENTIALS, *NOT_CREDENTIALS])
+def test_logging_redacts_exactly_what_stays_on_its_origin(name: str) -> None:
+    """A field's value is redacted in logs if and only if its name is a credential name."""
+    redacted = redact_value(name, "value-1234") == REDACTED
+    assert redacted == is_credential(name)
+
+
+def test_camel_case_credentials_do_not_cross_origins(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """?accessToken=, X-AuthToken and ClientSecret meant for A never reach B's origin."""
+    a.behaviour = unavailable
+    d = make(route(("a", a.url + "/v1"), ("b", b.url + "/v1")))
+    headers = {"X-AuthToken": "tok-secret", "ClientSecret": "cs-secret", "maxTokens": "5"}
+    r = d.get(a.url + "/v1/x?accessToken=at-secret&page=2", headers=headers)
+    assert r.text == "b"
+    (seen,) = b.seen
+    assert seen.path == "/v1/x?page=2"
+    assert "x-authtoken" not in seen.headers
+    assert "clientsecret" not in seen.headers
+    assert seen.headers["maxtokens"] == "5"
+    assert "secret" not in json.dumps(seen.headers)
+
+
+# -- userinfo in a target URL ------------------------------------------------------------
+
+
+def basic(userpass: str) -> str:
+    return "Basic " + base64.b64encode(userpass.encode()).decode()
+
+
+def test_target_userinfo_is_sent_as_its_basic_credentials(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Userinfo in a target URL reaches that target as Basic credentials, first or failover."""
+    a.behaviour = unavailable
+    a_url = a.url.replace("http://", "http://svc:s3cret@") + "/v1"
+    b_url = b.url.replace("http://", "http://b%40svc:p%3Aw@") + "/v1"
+    d = make(route(("a", a_url), ("b", b_url)))
+    assert d.get(a.url + "/v1/x").text == "b"
+    assert a.seen[0].headers["authorization"] == basic("svc:s3cret")
+    assert b.seen[0].headers["authorization"] == basic("b@svc:p:w")
+
+
+def test_target_userinfo_and_authorization_header_are_refused_together() -> None:
+    """A target giving Basic userinfo and an authorization header fails to load, quoting neither."""
+    config = route(("a", "https://svc:s3cret@a.example/v1"))
+    config["routes"][0]["targets"][0]["headers"] = {"Authorization": "Bearer hdr-secret"}
+    with pytest.raises(sidestep.ConfigError) as caught:
+        sidestep.FailoverTransport(config)
+    message = str(caught.value)
+    assert "userinfo" in message
+    assert "authorization" in message
+    assert "s3cret" not in message
+    assert "hdr-secret" not in message
+
+
+# -- one spelling of a host ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("configured", ["xn--bcher-kva.example", "BÜCHER.example"])
+@pytest.mark.parametrize("requested", ["xn--bcher-kva.example", "bücher.example"])
+def test_a_host_matches_its_route_in_either_spelling(
+    configured: str, requested: str, make: MakeDriver, b: Upstream
+) -> None:
+    """An IDN target written in ASCII or Unicode matches requests in either spelling and fails over."""
+    port = free_port()
+    d = make(route(("a", f"http://{configured}:{port}/v1"), ("b", b.url + "/v1")))
+    r = d.get(f"http://{requested}:{port}/v1/x")
+    assert (r.text, r.extensions["sidestep"]["route"]) == ("b", "chat")
+
+
+# -- suspensions name their own targets ------------------------------------------------------
+
+
+def two_keys(a: Upstream) -> dict[str, Any]:
+    """The README's two-keys-one-origin route: main-key sends the caller's key, second-key its own."""
+    return route(
+        ("main-key", a.url + "/v1"),
+        ("second-key", a.url + "/v1"),
+        targets={"second-key": {"headers": {"x-api-key": "SECOND"}}},
+    )
+
+
+def test_a_suspension_names_the_target_whose_key_it_is(make: MakeDriver, a: Upstream) -> None:
+    """A rate limit on second-key is listed as second-key, the bad main key as main-key."""
+    a.behaviour = lambda seen: (
+        Respond(429, "slow down") if seen.headers["x-api-key"] == "SECOND" else Respond(401, "no")
+    )
+    d = make(two_keys(a))
+    r = d.post(a.url + "/v1/messages", json={"model": "m"}, headers={"x-api-key": "MAIN"})
+    assert r.status == 429
+    rows = {s.reason: s for s in d.transport.suspensions()}
+    assert (rows["rate_limited"].route, rows["rate_limited"].target) == ("chat", "second-key")
+    assert rows["rate_limited"].targets == (("chat", "second-key"),)
+    assert (rows["invalid_credential"].target, rows["invalid_credential"].targets) == (
+        "main-key",
+        (("chat", "main-key"),),
+    )
+
+
+def test_a_shared_scope_lists_every_target_that_shares_it(make: MakeDriver, a: Upstream) -> None:
+    """An outage of the origin's model scope belongs to both keys' targets: both are listed."""
+    a.behaviour = unavailable
+    config = two_keys(a)
+    config["breaker"]["failure_threshold"] = 1
+    d = make(config)
+    d.post(a.url + "/v1/messages", json={"model": "m"}, headers={"x-api-key": "MAIN"})
+    (s,) = d.transport.suspensions()
+    assert (s.scope, s.state) == ("origin+model", "open")
+    assert s.targets == (("chat", "main-key"), ("chat", "second-key"))
+    assert (s.route, s.target) == ("chat", "main-key")
