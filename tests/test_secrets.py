@@ -47,7 +47,12 @@ def test_no_secret_reaches_events_errors_or_the_503(
                 "name": "chat",
                 "targets": [
                     {"name": "primary", "url": "https://primary.example/v1"},
-                    {"name": "backup", "url": "https://backup.example/v1"},
+                    # its own key: a 401 without a credential would be a challenge, not a suspension
+                    {
+                        "name": "backup",
+                        "url": "https://backup.example/v1",
+                        "headers": {"x-api-key": header},
+                    },
                 ],
             }
         ],
