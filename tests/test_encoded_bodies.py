@@ -24,11 +24,13 @@ QUOTA = {"error": {"code": "insufficient_quota", "type": "insufficient_quota"}}
 
 def _brotli(data: bytes) -> bytes:
     import brotli  # the dev extra has it: br bodies are tested, never skipped
+
     return bytes(brotli.compress(data))
 
 
 def _zstd(data: bytes) -> bytes:
     import zstandard
+
     return bytes(zstandard.ZstdCompressor().compress(data))
 
 

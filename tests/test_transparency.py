@@ -5,10 +5,11 @@ plain, then under a fresh `install()` with its defaults — for each flavour
 (httpx, httpx2) and kind (sync, asyncio, trio); see tests/differential.py for
 the harness. Responses (status, headers, body, history), exception types,
 event-hook calls, auth-flow steps, transport calls, what each server and the
-proxy received, and the program's stdout must be identical. Where an outage
-may legitimately be failed fast — an endpoint that never answers within the
-caller's timeout, a proxy that is down — those observations are set aside
-and compared by a test of their own.
+proxy received, and the program's stdout must be identical. Two kinds of
+observation are set aside and checked by tests of their own: an endpoint
+that never answers within the caller's timeout (a hung endpoint, which
+sidestep fails fast, at that budget only), and requests through a proxy
+that is down (which must fail exactly as plain).
 """
 
 from __future__ import annotations
@@ -472,13 +473,34 @@ def test_installed_program_observes_what_plain_does(
     assert found == []
 
 
-@pytest.mark.parametrize(("prog", "flavour", "kind"), ASIDE_CASES)
-def test_set_aside_outages_observe_what_plain_does(
-    prog: Any, flavour: str, kind: str, servers: World
-) -> None:
-    """Set aside: an endpoint that never answers within the caller's timeout, or a dead proxy, also raises what plain httpx raises."""
+PROXY_CASES = [case for case in ASIDE_CASES if "proxy" in str(case.id)]
+TIMEOUT_CASES = [case for case in ASIDE_CASES if str(case.id).startswith("caller_timeouts-")]
+THRESHOLD = 3  # the default breaker.failure_threshold
+
+
+@pytest.mark.parametrize(("prog", "flavour", "kind"), PROXY_CASES)
+def test_a_dead_proxy_fails_as_plain(prog: Any, flavour: str, kind: str, servers: World) -> None:
+    """Requests through a dead proxy raise what plain httpx raises, every time: a proxy that is down is not an upstream outage."""
     plain, installed = _both_runs(prog, flavour, kind, servers)
     assert differences(plain.aside, installed.aside) == []
+
+
+@pytest.mark.parametrize(("prog", "flavour", "kind"), TIMEOUT_CASES)
+def test_an_endpoint_silent_within_the_callers_budget_fails_fast_at_that_budget_only(
+    prog: Any, flavour: str, kind: str, servers: World
+) -> None:
+    """An endpoint that never answers within the caller's timeout fails fast after failure_threshold timeouts, and only for that budget: a generous timeout is still sent and answered."""
+    plain, installed = _both_runs(prog, flavour, kind, servers)
+    found = differences(plain.aside, installed.aside)
+    fast = [f"/slow with timeout=0.05, try {n}" for n in range(THRESHOLD, 5)]
+    assert [label for label, *_ in found] == [*fast, "server a received"]
+    for _, was, now in found[:-1]:
+        assert (was, now) == (("raised", "ReadTimeout"), ("raised", "AllCandidatesSuspended"))
+    _, was_received, now_received = found[-1]
+    assert len(was_received) - len(now_received) == len(fast)  # never sent: failed fast
+    generous = "/slow with a generous timeout"
+    assert dict(plain.aside)[generous] == dict(installed.aside)[generous]
+    assert dict(installed.aside)[generous]["status"] == 200
 
 
 def test_proxy_tunnels_connect(servers: World) -> None:

@@ -238,7 +238,13 @@ class Core:
                 else:
                     sent, headers, body = self._rewrite(run, target)
                 facts = ScopeFacts(
-                    target.origin, headers, body, self._fingerprint, url=sent.url, path=run.endpoint
+                    target.origin,
+                    headers,
+                    body,
+                    self._fingerprint,
+                    url=sent.url,
+                    path=run.endpoint,
+                    extensions=sent.extensions,
                 )
                 now = self.clock()
                 if self._blocking:

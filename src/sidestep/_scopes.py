@@ -15,6 +15,7 @@ import functools
 import hashlib
 import hmac
 import json
+import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -42,7 +43,8 @@ class ScopeKind(str, enum.Enum):
     MODEL = "origin+model"
     CREDENTIAL = "origin+credential"
     CREDENTIAL_MODEL = "origin+credential+model"
-    ENDPOINT = "origin+endpoint"  # unrouted traffic only: the origin and the request's path
+    # unrouted traffic only: the origin, the request's path and its read budget
+    ENDPOINT = "origin+endpoint"
 
 
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "api-key")
@@ -173,9 +175,10 @@ class Fingerprinter:
             mac.update(f"{name}\0{value}\0".encode())
         return mac.hexdigest()[:32]
 
-    def endpoint(self, path: str) -> str:
-        """The fingerprint of a URL path: endpoint scopes never store a path itself."""
-        return hmac.new(self._key, b"path\0" + path.encode(), hashlib.blake2b).hexdigest()[:32]
+    def endpoint(self, path: str, budget: int | None) -> str:
+        """The fingerprint of a URL path and a budget: endpoint scopes never store a path."""
+        data = f"path\0{path}\0{budget}".encode()
+        return hmac.new(self._key, data, hashlib.blake2b).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +217,7 @@ class ScopeFacts:
     __slots__ = (
         "_body",
         "_credential",
+        "_extensions",
         "_fingerprint",
         "_headers",
         "_model",
@@ -235,9 +239,11 @@ class ScopeFacts:
         userinfo: bytes | str = "",
         query: bytes = b"",
         path: str = "",
+        extensions: Mapping[str, Any] | None = None,
     ) -> None:
         self.origin = origin
         self._path = path  # set for unrouted requests only: their endpoint
+        self._extensions = extensions  # the request's, for its read timeout (read if needed)
         self._url = url  # when given, its userinfo and query are read only if needed
         self._query = query
         self._headers = headers
@@ -274,7 +280,8 @@ class ScopeFacts:
         """
         if kind is ScopeKind.ENDPOINT:
             if self._path:
-                return ScopeKey(kind, self.origin, endpoint=self._fingerprint.endpoint(self._path))
+                endpoint = self._fingerprint.endpoint(self._path, self.budget())
+                return ScopeKey(kind, self.origin, endpoint=endpoint)
             kind = ScopeKind.MODEL
         model = self.model if kind in (ScopeKind.MODEL, ScopeKind.CREDENTIAL_MODEL) else ""
         if kind is ScopeKind.MODEL and not model:
@@ -285,6 +292,20 @@ class ScopeFacts:
             self.credential if kind in (ScopeKind.CREDENTIAL, ScopeKind.CREDENTIAL_MODEL) else ""
         )
         return ScopeKey(kind, self.origin, credential, model)
+
+    def budget(self) -> int | None:
+        """The request's read timeout, as a power of two (None: unbounded).
+
+        A timeout says the endpoint did not answer within the time this caller
+        gave it, nothing about a caller that gives it more: an endpoint's scope
+        is kept per budget, grouped by powers of two so that callers whose
+        budgets drift a little (a shrinking deadline) still share one.
+        """
+        timeouts = (self._extensions or {}).get("timeout") or {}
+        read = timeouts.get("read")
+        if not isinstance(read, (int, float)) or read <= 0 or math.isinf(read):
+            return None
+        return math.ceil(math.log2(read * 1000))  # in milliseconds: 50 ms -> 6, 5 s -> 13
 
     def keys(self) -> tuple[ScopeKey, ...]:
         """Every scope covering this request, without repeats."""
