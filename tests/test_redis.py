@@ -1073,7 +1073,7 @@ def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
     """A process killed while holding the probe keeps the slot only until its lease (here the request's total_timeout) ends; then another process probes."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
-    lease = 3.0
+    lease = 6.0  # room for spawning and importing while several test runs share the cores
     spec = job(
         redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3,
         failover={"total_timeout": lease},
