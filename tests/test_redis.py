@@ -409,6 +409,62 @@ async def test_a_cancelled_admission_gives_its_probe_slot_back_at_once(
         direct.close()
 
 
+class _CancelledAsItTimesOut(RedisStore):
+    """A store whose callers are cancelled 2 ms after its time for an admission runs out,
+    while the event loop is busy across both moments (as under load): the loop then
+    handles the timeout and the cancellation in one pass, the timeout first."""
+
+    async def admit_async(self, *args: Any, **kw: Any) -> Admission:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        deadline = loop.time() + self._timeout  # the store's own deadline follows within µs
+        cancel_at = deadline + 0.002
+
+        def busy() -> None:
+            while loop.time() < cancel_at + 0.001:  # the clock passes both moments
+                pass
+
+        loop.call_at(deadline - 0.01, busy)
+        loop.call_at(cancel_at, task.cancel)
+        return await super().admit_async(*args, **kw)
+
+
+def test_a_request_cancelled_as_the_store_times_out_is_not_sent(
+    proxy: DelayProxy, a: Upstream, b: Upstream
+) -> None:
+    """Requests cancelled as Redis's time runs out raise CancelledError and none is sent upstream (on Python 3.10 the store's timeout took the cancellation for its own, served them from memory and sent them)."""
+    store = _CancelledAsItTimesOut(proxy.url, prefix=fresh_prefix(), timeout=0.1)
+    transport = sidestep.AsyncFailoverTransport(
+        route(("a", a.url + "/v1"), ("b", b.url + "/v1")), store=store
+    )
+
+    async def scenario() -> list[str]:
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            proxy.delay = 0.3  # Redis answers after the store's timeout
+
+            async def one() -> str:
+                try:
+                    await client.post(a.url + "/v1/x", json={"q": 1})
+                except asyncio.CancelledError:
+                    return "cancelled"
+                return "answered"
+
+            tasks = [asyncio.ensure_future(one()) for _ in range(10)]
+            outcomes = list(await asyncio.gather(*tasks))
+            proxy.delay = 0.0
+            await store.aclose()
+            return outcomes
+
+    try:
+        outcomes = asyncio.run(scenario())
+        with httpx.Client() as plain:  # after every request: anything sent has arrived
+            plain.get(b.url + "/v1/sentinel")
+        assert outcomes == ["cancelled"] * 10
+        assert (a.calls, b.calls) == (0, 1)  # the sentinel only
+    finally:
+        store.close()
+
+
 def test_a_timed_out_admission_gives_its_probe_slot_back(
     redis_server: RedisServer, proxy: DelayProxy
 ) -> None:
@@ -1017,7 +1073,7 @@ def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
     """A process killed while holding the probe keeps the slot only until its lease (here the request's total_timeout) ends; then another process probes."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
-    lease = 3.0
+    lease = 6.0  # room for spawning and importing while several test runs share the cores
     spec = job(
         redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3,
         failover={"total_timeout": lease},

@@ -5,6 +5,8 @@ sidestep transport over the original, so the client keeps every setting it
 was built with. `install` patches the four client classes of httpx and httpx2
 so that every client created afterwards — an SDK's default client included —
 is wrapped the same way, all sharing one store; `uninstall` undoes both.
+httpx2 is optional: where it is not installed, only httpx's classes are
+known, and httpx2 is never imported.
 """
 
 from __future__ import annotations
@@ -14,30 +16,39 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
-import httpx2
 
-from . import httpx2 as _sidestep_httpx2
 from ._config import Config, as_config
 from ._flavour import is_proxy
 from ._store import MemoryStore, StateStore
 from ._transport import AsyncFailoverTransport, FailoverTransport, _Shell
 
+if TYPE_CHECKING:
+    import httpx2
+
 __all__ = ["install", "uninstall", "wrap"]
 
 Client = TypeVar(
-    "Client", bound=httpx.Client | httpx.AsyncClient | httpx2.Client | httpx2.AsyncClient
+    "Client", bound="httpx.Client | httpx.AsyncClient | httpx2.Client | httpx2.AsyncClient"
 )
 
 # The shell for each client class; subclasses (the SDKs' default clients) find theirs by MRO.
 _SHELLS: dict[type[Any], type[_Shell]] = {
     httpx.Client: FailoverTransport,
     httpx.AsyncClient: AsyncFailoverTransport,
-    httpx2.Client: _sidestep_httpx2.FailoverTransport,
-    httpx2.AsyncClient: _sidestep_httpx2.AsyncFailoverTransport,
 }
+try:
+    from . import httpx2 as _sidestep_httpx2
+except ImportError as exc:  # httpx2 is not installed: httpx's classes are all there is
+    if exc.name != "httpx2":
+        raise
+else:
+    import httpx2
+
+    _SHELLS[httpx2.Client] = _sidestep_httpx2.FailoverTransport
+    _SHELLS[httpx2.AsyncClient] = _sidestep_httpx2.AsyncFailoverTransport
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,8 @@
 ```
 SidestepError
  ├─ ConfigError                (also ValueError)
- └─ AllCandidatesSuspended     (also httpx.TransportError and httpx2.TransportError)
+ └─ AllCandidatesSuspended     (also httpx.TransportError, and httpx2.TransportError
+                                when httpx2 is installed)
 ```
 
 Messages and reprs name targets and origins only: never a path, a query,
@@ -16,7 +17,16 @@ import math
 from dataclasses import dataclass
 
 import httpx
-import httpx2
+
+try:
+    from httpx2 import TransportError as _Httpx2TransportError
+except ModuleNotFoundError as exc:  # httpx2 is optional; nothing can expect its error then
+    if exc.name != "httpx2":
+        raise
+
+    class _Httpx2TransportError(Exception):  # type: ignore[no-redef]
+        """Stands in for ``httpx2.TransportError`` where httpx2 is not installed."""
+
 
 __all__ = ["AllCandidatesSuspended", "CandidateStatus", "ConfigError", "SidestepError"]
 
@@ -39,11 +49,12 @@ class CandidateStatus:
     retry_after: float | None
 
 
-class AllCandidatesSuspended(SidestepError, httpx.TransportError, httpx2.TransportError):  # type: ignore[misc]  # both bases define .request alike
+class AllCandidatesSuspended(SidestepError, httpx.TransportError, _Httpx2TransportError):  # type: ignore[misc]  # both bases define .request alike
     """Every candidate target of a request is suspended; nothing was sent upstream.
 
-    A transport error of both httpx flavours, so SDKs built on either turn it
-    into their connection error with this one as ``__cause__``.
+    A transport error of both httpx flavours (of httpx2 where it is
+    installed), so SDKs built on either turn it into their connection error
+    with this one as ``__cause__``.
 
     Attributes:
         retry_after: seconds until the earliest candidate may be tried again,

@@ -22,7 +22,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
@@ -91,6 +91,12 @@ _NO_SETINFO: dict[str, Any] = (
     if "driver_info" in inspect.signature(redis.Redis.__init__).parameters
     else {"lib_name": None, "lib_version": None}
 )
+
+# The asyncio client gets no timeouts of its own: `_bounded` bounds each whole
+# call, without cancelling the caller. redis-py implements its socket timeouts
+# with `asyncio.wait_for` and `async_timeout`, which before Python 3.12 can
+# swallow a cancellation; a cancelled exchange must stop at its next await.
+_NO_SOCKET_TIMEOUTS: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": None}
 
 T = TypeVar("T")
 
@@ -558,21 +564,12 @@ class RedisStore:
         except StopIteration as stop:
             return stop.value  # type: ignore[no-any-return]
         if self._usable(op):
+            calls = [call]  # the call in flight last, for its drop if the reply is lost
             try:
-                # One bound for the whole call: connecting, the handshake and every round trip.
-                with anyio.fail_after(self._timeout):
-                    script = await self._async_script()
-                    while True:
-                        reply = await script(keys=(), args=call.args)
-                        self._answered()
-                        try:
-                            call = steps.send(reply)
-                        except StopIteration as stop:
-                            value: T = stop.value
-                            break
+                value = await self._bounded(self._exchange(steps, calls))
             except BaseException as exc:
-                if call.drop:  # its reply never made it into a ticket: give its slots back
-                    self._queue_drops([call.drop])
+                if calls[-1].drop:  # its reply never made it into a ticket: give its slots back
+                    self._queue_drops([calls[-1].drop])
                     if not isinstance(exc, GeneratorExit):  # a closed coroutine cannot wait
                         await self._send_drops_async()
                 if not isinstance(exc, _UNAVAILABLE):
@@ -584,6 +581,40 @@ class RedisStore:
                 return value
         steps.close()
         return otherwise()
+
+    async def _exchange(self, steps: _Steps[T], calls: list[_Call]) -> T:
+        """Drive `steps` against Redis: connecting, the handshake and every round trip."""
+        script = await self._async_script()
+        while True:
+            reply = await script(keys=(), args=calls[-1].args)
+            self._answered()
+            try:
+                calls.append(steps.send(reply))
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+
+    async def _bounded(self, exchange: Coroutine[Any, Any, T]) -> T:
+        """Await `exchange` for at most ``timeout`` seconds in all, cancel-safe.
+
+        The exchange runs as a task of its own and the caller only waits for
+        it, so the bound never cancels the caller: a cancellation of the caller
+        that arrives as the time runs out is the caller's, never taken for a
+        Redis timeout (a cancel scope's deadline can swallow it before Python
+        3.12, as can redis-py's own socket timeouts). Either way the exchange
+        is cancelled; redis-py closes the connection it was using.
+        """
+        task = asyncio.ensure_future(exchange)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self._timeout)
+        except BaseException:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+            raise
+        if not done:
+            task.cancel()
+            task.add_done_callback(_retrieve)
+            raise TimeoutError(f"Redis did not answer within {self._timeout}s")
+        return task.result()
 
     async def _async_script(self) -> AsyncScript:
         """This event loop's script (an asyncio client is bound to the loop it runs on)."""
@@ -601,7 +632,7 @@ class RedisStore:
                     self._url,
                     retry=AsyncRetry(NoBackoff(), 0),
                     redis_connect_func=_aconnect,
-                    **self._options,
+                    **{**self._options, **_NO_SOCKET_TIMEOUTS},
                 )
                 entry = self._async[loop] = _LoopClient(
                     client.register_script(SCRIPT), _keeper(client)
@@ -736,6 +767,12 @@ def _token(keys: Sequence[ScopeKey]) -> str:
     Random per admission, so processes forked from one parent never share one.
     """
     return secrets.token_hex(8) if keys else ""
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Collect the outcome of an exchange nobody waits for any more, so none is reported."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _connect(connection: Any) -> None:

@@ -2,12 +2,20 @@
 
 The same shells as `sidestep.AsyncFailoverTransport` and
 `sidestep.FailoverTransport`, bound to httpx2's classes: every decision is
-shared.
+shared. httpx2 is optional (the ``httpx2`` extra, or an SDK that brings it):
+without it, importing this module raises an `ImportError` that says so.
 """
 
 from __future__ import annotations
 
-import httpx2 as _httpx2
+try:
+    import httpx2 as _httpx2
+except ModuleNotFoundError as exc:
+    if exc.name != "httpx2":
+        raise
+    raise ImportError(
+        "sidestep.httpx2 needs httpx2: pip install 'sidestep[httpx2]'", name="httpx2"
+    ) from None
 
 from ._flavour import Flavour
 from ._transport import _AsyncShell, _SyncShell
