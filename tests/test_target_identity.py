@@ -43,10 +43,21 @@ def unavailable(_: Any) -> Respond:
 # -- one rule for credential names ---------------------------------------------------
 
 CAMEL_CREDENTIALS = ["X-AuthToken", "ClientSecret", "accessToken", "APIKey", "xApiKey"]
-NOT_CREDENTIALS = ["max_tokens", "maxTokens", "Idempotency-Key", "author", "keywords", "alt"]
+NOT_CREDENTIALS = [
+    "max_tokens",
+    "maxTokens",
+    "Idempotency-Key",
+    "author",
+    "keywords",
+    "alt",
+    "monkey",
+]
 
 
-@pytest.mark.parametrize("name", [*CAMEL_CREDENTIALS, "accesstoken", "clientsecret", "Set-Cookie"])
+@pytest.mark.parametrize(
+    "name",
+    [*CAMEL_CREDENTIALS, "accesstoken", "clientsecret", "Set-Cookie", "secretkey", "aws_accesskey"],
+)
 def test_camel_case_and_run_together_credential_names_are_credentials(name: str) -> None:
     """camelCase humps and lower-case runs ending in a credential word name a credential."""
     assert is_credential(name)

@@ -57,9 +57,14 @@ _CREDENTIAL_WORDS = frozenset(
     | {"signature", "sig", "credential", "credentials", "cookie"}
 )
 # A word run together in lower case still counts when it ends in one of these
-# (accesstoken, clientsecret, xapikey); "key" alone is too common an ending.
+# (accesstoken, clientsecret, xapikey, secretkey); "key" alone is too common
+# an ending (monkey, hockey), so only the keys that name a secret count.
 _CREDENTIAL_ENDINGS = (
     "token",
+    "secretkey",
+    "privatekey",
+    "accesskey",
+    "signingkey",
     "secret",
     "password",
     "passwd",
