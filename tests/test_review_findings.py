@@ -55,6 +55,7 @@ def raw_server(handler: Handler) -> Iterator[str]:
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
+        listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         listener.close()
         acceptor.join(5)
         for thread in threads:
@@ -92,6 +93,7 @@ def test_streamed_response_headers_arrive_before_the_first_body_byte() -> None:
             assert response.read() == b"hello"
 
 
+@pytest.mark.anyio
 async def test_async_streamed_response_headers_arrive_before_the_first_body_byte() -> None:
     """The same for an async client: headers first, body when the upstream has something to say."""
     go = threading.Event()
