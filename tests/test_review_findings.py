@@ -11,12 +11,20 @@ import contextlib
 import io
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
 import sidestep
+from drivers import FakeClock
+from sidestep.wsgi import SuspensionMiddleware
+from suspensions import assert_unavailable, suspension
+from upstream import Respond, Upstream
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 Handler = Callable[[socket.socket], None]
 
@@ -195,3 +203,46 @@ def test_unrouted_multipart_file_upload_is_streamed_not_buffered() -> None:
         response = client.post(url + "/upload", files={"f": ("big.bin", upload)})
     assert response.status_code == 200
     assert seen_at_head[0] < size
+
+
+# --- a half-open origin and the endpoints that failed before it opened --------------------------
+
+
+def test_failed_probe_on_a_known_failing_endpoint_reopens_the_origin(a: Upstream) -> None:
+    """A half-open origin's probe that fails reopens the origin, whichever endpoint it went to, so the next call is failed fast."""
+    a.behaviour = lambda seen: Respond(status=500)
+    clock = FakeClock()
+    config = {"breaker": {"failure_threshold": 3, "cooldown": 10, "half_open_probes": 1}}
+    transport = sidestep.FailoverTransport(config, clock=clock)
+    with httpx.Client(transport=transport, timeout=2.0) as client:
+        for path in ("/a", "/b", "/c"):  # three different endpoints: the origin opens
+            assert client.get(a.url + path).status_code == 500
+        with pytest.raises(sidestep.AllCandidatesSuspended):
+            client.get(a.url + "/d")
+        clock.advance(11)  # the window ends: one probe
+        assert client.get(a.url + "/a").status_code == 500
+        calls = a.calls
+        with pytest.raises(sidestep.AllCandidatesSuspended):
+            client.get(a.url + "/b")
+        assert a.calls == calls
+
+
+# --- WSGI: an app whose body starts with an empty chunk ----------------------------------------
+
+
+def test_wsgi_empty_first_chunk_still_allows_the_503() -> None:
+    """An app whose body yields b"" before raising AllCandidatesSuspended still answers the 503: PEP 3333 servers send nothing for an empty chunk."""
+
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        start_response("200 OK", [("content-type", "text/plain")])
+
+        def body() -> Iterator[bytes]:
+            yield b""
+            raise suspension(11.2)
+
+        return body()
+
+    transport = httpx.WSGITransport(app=SuspensionMiddleware(app))
+    with httpx.Client(transport=transport, base_url="http://app") as client:
+        response = client.get("/")
+    assert_unavailable(response)
