@@ -91,14 +91,17 @@ def test_streamed_response_headers_arrive_before_the_first_body_byte() -> None:
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        go.wait(5)  # the event comes once the caller has seen the headers
+        go.wait(2)  # the event comes once the caller has seen the headers
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
-    with raw_server(long_poll) as url, httpx.Client(timeout=1.0) as client:
-        with client.stream("GET", url + "/watch") as response:
-            assert response.status_code == 200
-            go.set()
-            assert response.read() == b"hello"
+    with (
+        raw_server(long_poll) as url,
+        httpx.Client(timeout=1.0) as client,
+        client.stream("GET", url + "/watch") as response,
+    ):
+        assert response.status_code == 200
+        go.set()
+        assert response.read() == b"hello"
 
 
 @pytest.mark.anyio
@@ -109,15 +112,17 @@ async def test_async_streamed_response_headers_arrive_before_the_first_body_byte
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        go.wait(5)
+        go.wait(2)
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
     with raw_server(long_poll) as url:
-        async with httpx.AsyncClient(timeout=1.0) as client:
-            async with client.stream("GET", url + "/watch") as response:
-                assert response.status_code == 200
-                go.set()
-                assert await response.aread() == b"hello"
+        async with (
+            httpx.AsyncClient(timeout=1.0) as client,
+            client.stream("GET", url + "/watch") as response,
+        ):
+            assert response.status_code == 200
+            go.set()
+            assert await response.aread() == b"hello"
 
 
 def test_a_long_poll_whose_caller_waits_for_headers_opens_no_circuit() -> None:
@@ -129,7 +134,7 @@ def test_a_long_poll_whose_caller_waits_for_headers_opens_no_circuit() -> None:
         gate = next(served)
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        gate.wait(5)
+        gate.wait(2)
         conn.sendall(b"2\r\nok\r\n0\r\n\r\n")
 
     with raw_server(long_poll) as url, httpx.Client(timeout=0.5) as client:
@@ -153,12 +158,15 @@ def test_upgrade_hands_the_connection_over_untouched() -> None:
         conn.sendall(b"echo:" + conn.recv(100))  # the client speaks first after the upgrade
 
     headers = {"Upgrade": "echo", "Connection": "Upgrade"}
-    with raw_server(echo_after_upgrade) as url, httpx.Client(timeout=2.0) as client:
-        with client.stream("GET", url + "/ws", headers=headers) as response:
-            assert response.status_code == 101
-            stream = response.extensions["network_stream"]
-            stream.write(b"hi")
-            assert stream.read(100) == b"echo:hi"
+    with (
+        raw_server(echo_after_upgrade) as url,
+        httpx.Client(timeout=2.0) as client,
+        client.stream("GET", url + "/ws", headers=headers) as response,
+    ):
+        assert response.status_code == 101
+        stream = response.extensions["network_stream"]
+        stream.write(b"hi")
+        assert stream.read(100) == b"echo:hi"
 
 
 # --- uploads -------------------------------------------------------------------------------------
