@@ -397,8 +397,9 @@ class Core:
             )
         if verdict.kind is not Kind.SUCCESS:
             return _Outcome(verdict, response)
-        if isinstance(response.stream, self._byte_stream):
-            return _Outcome(_SUCCESS, response, committed=True)  # the body is here already
+        if isinstance(response.stream, self._byte_stream) or status < 200:
+            # the body is here already; or a 101 hands its connection to the caller
+            return _Outcome(_SUCCESS, response, committed=True)
         return (yield from self._commit(run, target, request, ticket, response, fb_deadline))
 
     def _commit(
@@ -410,7 +411,8 @@ class Core:
         response: Any,
         fb_deadline: float | None,
     ) -> Generator[Any, Any, _Outcome]:
-        """Wait for the commit point: the first body byte (or the whole body).
+        """Wait for the commit point: the first body byte (or the whole body; or, for
+        an unrouted request, nothing: it has no other candidate).
 
         A probe's success is recorded at the commit point, which frees its slot
         early; any other request's verdict waits for the end of its body, so an
@@ -433,6 +435,11 @@ class Core:
                 if not ended:
                     limit = route.max_buffered_bytes
                     _, ended = yield Read(response, request, limit, run.deadline, on_error, end)
+            elif run.endpoint:
+                # Unrouted: no other candidate to move to, so nothing to wait for. The
+                # response goes to the caller at its headers, as plain httpx hands it
+                # over (a long poll may stay quiet for minutes); its end is the verdict.
+                _, ended = yield Read(response, request, 0, None, on_error, end)
             else:
                 _, ended = yield Read(response, request, 1, fb_deadline, on_error, end)
         except Exception as exc:
@@ -493,7 +500,7 @@ class Core:
         self, ticket: Ticket, verdict: Verdict, target: CompiledTarget, run: _Run
     ) -> Generator[Any, Any, None]:
         if run.endpoint:
-            verdict = self._unrouted(verdict, target.origin, run.endpoint)
+            verdict = self._unrouted(verdict, target.origin, run.endpoint, ticket)
         now = self.clock()
         if self._blocking:
             args = (ticket, verdict, self.breaker, self.suspensions, now)
@@ -514,7 +521,7 @@ class Core:
         if transitions:
             self._announce(transitions, target, run)
 
-    def _unrouted(self, verdict: Verdict, origin: str, endpoint: str) -> Verdict:
+    def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
         """Where an unrouted request's result counts: its endpoint first.
 
         A failure after the request was sent (a 5xx, a read timeout) is the
@@ -523,7 +530,8 @@ class Core:
         first failure of that endpoint since the origin last answered well,
         so the origin opens once `failure_threshold` different endpoints fail
         in a row, and a host silent on one path opens that endpoint: either
-        way within a bounded number of calls.
+        way within a bounded number of calls. A probe of the origin's own
+        circuit always counts for it: a failed probe reopens the origin.
         """
         if verdict.kind is Kind.SUCCESS:
             if self._failing:
@@ -536,8 +544,8 @@ class Core:
             if len(self._failing) >= _CACHE_LIMIT:
                 self._failing.clear()
             failing = self._failing[origin] = set()
-        if endpoint in failing:
-            return replace(verdict, scope=ScopeKind.ENDPOINT)
+        if endpoint in failing and not any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes):
+            return replace(verdict, scope=ScopeKind.ENDPOINT)  # counted for the origin already
         if len(failing) <= self.breaker.failure_threshold:
             failing.add(endpoint)
         return replace(verdict, scope=ScopeKind.ENDPOINT, also=ScopeKind.MODEL)
@@ -649,7 +657,12 @@ class Core:
         policy = cands.route.policy if cands.route else self.config.failover
         deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
         content = getattr(request, "_content", None)
-        body = content if content is not None else self._streamed_body(request)
+        if content is not None:
+            body = content
+        elif len(cands.targets) > 1 or policy.max_attempts_per_target > 1:
+            body = self._streamed_body(request)  # it may have to be sent again
+        else:
+            body = None  # sent once, as it streams: nothing is read ahead
         return _Run(request, cands, policy, body, deadline, "" if cands.route else path)
 
     def _own_origin(self, origin: str, url: Any) -> Candidates:

@@ -343,7 +343,7 @@ class _AsyncShell(_Shell):
                 raise
             await finish()
 
-        response.stream = _async_replay(self._flavour)(rest(), stream, finish)
+        response.stream = _async_replay(self._flavour)(rest(), stream, finish, chunks)
         return head, False
 
 
@@ -416,7 +416,7 @@ def _sync_replay(flavour: Flavour) -> Callable[[Iterator[bytes], Any, Callable[[
 
 def _async_replay(
     flavour: Flavour,
-) -> Callable[[AsyncIterator[bytes], Any, Callable[[], Awaitable[None]]], Any]:
+) -> Callable[[AsyncIterator[bytes], Any, Callable[[], Awaitable[None]], Any], Any]:
     cls = _REPLAYS.get((flavour.name, True))
     if cls is None:
 
@@ -428,10 +428,12 @@ def _async_replay(
                 body: AsyncIterator[bytes],
                 original: Any,
                 on_close: Callable[[], Awaitable[None]],
+                chunks: Any,
             ) -> None:
                 self._body = body
                 self._original = original
                 self._on_close = on_close
+                self._chunks = chunks  # the original's iterator, started by the peek
 
             def __aiter__(self) -> AsyncIterator[bytes]:
                 return self._body
@@ -442,7 +444,16 @@ def _async_replay(
                     with anyio.CancelScope(shield=True):
                         await self._on_close()
                 finally:
-                    await self._original.aclose()
+                    # Finish the iterators the peek started here and now, rather
+                    # than leave them to the garbage collector and a closing loop.
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            for iterator in (self._body, self._chunks):
+                                close = getattr(iterator, "aclose", None)
+                                if close is not None:
+                                    await close()
+                    finally:
+                        await self._original.aclose()
 
         cls = _REPLAYS[(flavour.name, True)] = AsyncReplay
     return cls

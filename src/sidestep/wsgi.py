@@ -153,6 +153,10 @@ class _Body:
                 self.close()  # the app's body is abandoned for the 503
                 yield from answer
                 return
+            if not chunk:
+                # An empty chunk sends nothing (PEP 3333), yet passing it on would
+                # make some servers send the held headers: the 503 stays possible.
+                continue
             exchange.flush()
             exchange.started = True  # before the server can send anything of it
             yield chunk
