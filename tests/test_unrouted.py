@@ -47,7 +47,7 @@ def driver(request: pytest.FixtureRequest) -> Iterator[Driver]:
         {"breaker": {"failure_threshold": THRESHOLD}},
         store=store,
         clock=FakeClock(),
-        timeout=0.2,
+        timeout=(5.0, 0.2, 5.0, 5.0),  # a short read budget; connects are not what is timed
     )
     yield d
     if store_kind == "redis":
