@@ -279,6 +279,8 @@ class Core:
                     else:
                         outcome = yield from self._try_target(run, target, sent, ticket)
                     run.tried += 1
+                    if run.cands.route is not None and run.cands.route.avoid_rate_limits:
+                        outcome = self._avoid_rate_limit(outcome)
                     if outcome.deferred:
                         pass  # the body's end, or its failure, will be the verdict
                     elif outcome.verdict is _SUCCESS and not self._blocking:
@@ -474,6 +476,22 @@ class Core:
             scope = verdict.scope or ScopeKind.MODEL
             return replace(verdict, kind=Kind.FAILURE, reason=c11n.UNAVAILABLE, scope=scope)
         return verdict
+
+    @staticmethod
+    def _avoid_rate_limit(outcome: _Outcome) -> _Outcome:
+        """A success that spent its window's last request suspends its scope now (opt-in).
+
+        The response still goes to the caller. The suspension is its verdict,
+        recorded at once: a success deferred to the body's end would come too
+        late to spare the next request its 429.
+        """
+        if outcome.verdict is not _SUCCESS:
+            return outcome
+        response = outcome.result
+        verdict = c11n.rate_limit_ahead(response.status_code, response.headers, time.time())
+        if verdict is None:
+            return outcome
+        return _Outcome(verdict, response, committed=True)
 
     @staticmethod
     def _retryable(verdict: Verdict) -> bool:

@@ -4,9 +4,10 @@ One pure function turns an `Exchange` (the request, and the response or the
 flavour-neutral kind of exception that ended it) into a `Verdict`: success,
 an availability failure, a suspension with its reason, or neutral; the scope
 kind it is recorded against; and whether the request may move on to the next
-candidate (DESIGN §3.2). No I/O, no clock reads: the caller passes the wall
-time for HTTP-date ``Retry-After`` values and at most `BODY_PREFIX_LIMIT`
-bytes of an error body.
+candidate (DESIGN §3.2). A rate limit without ``Retry-After`` is timed by the
+provider's own signals (`_ratelimits`). No I/O, no clock reads: the caller
+passes the wall time for HTTP-date ``Retry-After`` values and RFC 3339 reset
+times, and at most `BODY_PREFIX_LIMIT` bytes of an error body.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from . import _ratelimits
+from ._ratelimits import header as _header
 from ._scopes import ScopeKind
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "is_idempotent",
     "needs_body",
     "parse_retry_after",
+    "rate_limit_ahead",
 ]
 
 
@@ -169,7 +173,8 @@ class Verdict:
         scope: the scope kind the result is recorded against; None for a
             success (every covering scope) and for neutral results.
         failover: whether the request may move on to the next candidate.
-        retry_after: seconds from ``Retry-After`` / ``retry-after-ms``.
+        retry_after: seconds from ``Retry-After`` / ``retry-after-ms``; for a
+            rate limit without them, from the provider's own reset hints.
         status: the response status, None when an exception ended the attempt.
         also: a second scope kind the result is recorded against, or None.
     """
@@ -259,12 +264,15 @@ def classify(x: Exchange) -> Verdict:
     if status == 401:
         return Verdict(Kind.SUSPEND, INVALID_CREDENTIAL, ScopeKind.CREDENTIAL, True, None, status)
     if needs_body(status):
-        signal = _body_signal(x.body[:BODY_PREFIX_LIMIT])
+        whole, document = _read_body(x.body[:BODY_PREFIX_LIMIT])
+        signal = _body_signal(whole, document)
         if signal == QUOTA_EXHAUSTED:
             return Verdict(
                 Kind.SUSPEND, QUOTA_EXHAUSTED, ScopeKind.CREDENTIAL, True, retry_after, status
             )
         if status == 429:
+            if retry_after is None:
+                retry_after = _rate_limit_hint(x, document)
             return Verdict(
                 Kind.SUSPEND, RATE_LIMITED, ScopeKind.CREDENTIAL_MODEL, True, retry_after, status
             )
@@ -293,15 +301,30 @@ def _classify_error(x: Exchange) -> Verdict:
     return Verdict(Kind.NEUTRAL, None, None, failover, status=x.status)
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    """The value of header `name` (lower-case), looked up case-insensitively."""
-    value = headers.get(name)
-    if value is not None:
-        return value
-    for key, value in headers.items():
-        if key.lower() == name:
-            return value
-    return None
+def rate_limit_ahead(status: int, headers: Mapping[str, str], wall_now: float) -> Verdict | None:
+    """The suspension a successful response asks for when it spent its window's last request.
+
+    With a route's ``avoid_rate_limits``, a success whose remaining-requests
+    header (``x-ratelimit-remaining-requests``,
+    ``anthropic-ratelimit-requests-remaining``) reads 0 suspends the scope a
+    429 would, as `RATE_LIMITED`, until the advertised requests reset (None:
+    the reason's ``initial``). The response itself still goes to the caller,
+    so the verdict does not fail over. None when requests are left, or unsaid.
+
+    >>> rate_limit_ahead(200, {"x-ratelimit-remaining-requests": "0",
+    ...                        "x-ratelimit-reset-requests": "1.5s"}, 0.0).retry_after
+    1.5
+    """
+    spent, reset = _ratelimits.spent_requests(headers, wall_now)
+    if not spent:
+        return None
+    return Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.CREDENTIAL_MODEL, False, reset, status)
+
+
+def _rate_limit_hint(x: Exchange, document: object) -> float | None:
+    """A 429's wait from the provider's own signals: reset headers, else Google's RetryInfo."""
+    reset = _ratelimits.reset_after(x.response_headers, x.wall_now)
+    return reset if reset is not None else _ratelimits.retry_delay(document)
 
 
 def _http_date(value: str) -> float | None:
@@ -319,12 +342,10 @@ def _http_date(value: str) -> float | None:
         return None
 
 
-def _body_signal(prefix: bytes) -> str | None:
-    """`QUOTA_EXHAUSTED` or `CONTEXT_OVERFLOW` when an error body says so explicitly.
+def _read_body(prefix: bytes) -> tuple[str, object]:
+    """An error body's text, and its JSON document (None when it is not whole JSON).
 
-    A JSON error object is read by its meaningful fields only, so text echoed
-    elsewhere in it cannot pose as a signal. Anything else, including a JSON
-    prefix cut short, is searched whole.
+    Gemini streams answer errors as a one-element array: its element is the document.
     """
     whole = prefix.decode("utf-8", "replace")
     document: object = None
@@ -334,7 +355,17 @@ def _body_signal(prefix: bytes) -> str | None:
         except (ValueError, RecursionError):  # truncated, or nested beyond the parser
             document = None
     if isinstance(document, list) and document:
-        document = document[0]  # Gemini streams answer errors as a one-element array
+        document = document[0]
+    return whole, document
+
+
+def _body_signal(whole: str, document: object) -> str | None:
+    """`QUOTA_EXHAUSTED` or `CONTEXT_OVERFLOW` when an error body says so explicitly.
+
+    A JSON error object is read by its meaningful fields only, so text echoed
+    elsewhere in it cannot pose as a signal. Anything else, including a JSON
+    prefix cut short, is searched whole.
+    """
     whole = whole.lower()
     text = " ".join(_error_strings(document)).lower() if isinstance(document, dict) else whole
     if any(signal in text for signal in _QUOTA_SIGNALS) and not (

@@ -431,6 +431,7 @@ class Route(_Model):
     match: list[_HttpUrl] = Field(default_factory=list)
     commit: Literal["first_byte", "complete"] = "first_byte"
     max_buffered_bytes: Annotated[ByteSize, Field(gt=0)] = 16 * 2**20
+    avoid_rate_limits: bool = False  # a success that spent the last request suspends its scope
     failover: FailoverOverrides = Field(default_factory=FailoverOverrides)
     targets: list[Target]
 

@@ -76,6 +76,7 @@ class CompiledRoute:
     policy: FailoverPolicy
     commit_complete: bool
     max_buffered_bytes: int
+    avoid_rate_limits: bool = False
 
 
 class Candidates(NamedTuple):
@@ -191,6 +192,7 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
         policy=route.policy(base),
         commit_complete=route.commit == "complete",
         max_buffered_bytes=route.max_buffered_bytes,
+        avoid_rate_limits=route.avoid_rate_limits,
     )
 
 
