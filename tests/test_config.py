@@ -144,6 +144,7 @@ def test_route_and_failure_rate_defaults() -> None:
     assert route.match == []
     assert route.commit == "first_byte"
     assert route.max_buffered_bytes == 16 * 1024 * 1024
+    assert route.avoid_rate_limits is False
     assert route.failover == FailoverOverrides()
     assert route.targets[0].headers == {}
     assert route.targets[0].json_fields == {}
@@ -451,6 +452,12 @@ def test_json_fields_take_the_json_key() -> None:
             " targets: [{name: a, url: 'https://a.example'}]}]",
             "routes[0].max_buffered_bytes (route 'chat')",
             "a size is",
+        ),
+        (
+            "routes: [{name: chat, avoid_rate_limits: sometimes,"
+            " targets: [{name: a, url: 'https://a.example'}]}]",
+            "routes[0].avoid_rate_limits (route 'chat')",
+            "valid boolean",
         ),
         (
             "routes: [{name: chat, max_buffered_bytes: 0,"
