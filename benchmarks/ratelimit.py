@@ -165,7 +165,8 @@ def run(quick: bool) -> list[Row]:
     units = {m: "requests" for m in metrics}
     units["429s from the primary"] = "responses"
     table = {
-        name: {m: b.median(s[m] for s in rows) for m in metrics} for name, rows in samples.items()
+        name: {m: float(b.median(s[m] for s in rows)) for m in metrics}
+        for name, rows in samples.items()
     }
     out = b.matrix(SCENARIO, table, units)
     windows = b.median(s["windows"] for s in samples["sidestep, avoid_rate_limits"])
