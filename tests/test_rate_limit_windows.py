@@ -282,3 +282,30 @@ def test_a_spent_success_suspends_only_its_own_credential(
     assert ask(d, a, one) == "a:Bearer one"
     assert ask(d, a, two) == "a:Bearer two"
     assert ask(d, a, one) == "b"
+
+
+def test_a_spent_success_suspends_through_a_shared_store(
+    make: MakeDriver, a: Upstream, b: Upstream, redis_url: str
+) -> None:
+    """Through a RedisStore the spent answer suspends A too: a second transport on that store skips A at once."""
+    from redis_server import fresh_prefix
+    from sidestep import RedisStore
+
+    prefix = fresh_prefix()
+    a.behaviour = allows(1, a, openai_left)
+    cfg = config(a, b, avoid_rate_limits=True)
+    stores = [RedisStore(redis_url, prefix=prefix) for _ in range(2)]
+    first, second = (make(cfg, store=store) for store in stores)
+    try:
+        assert ask(first, a) == "a"
+        assert ask(second, a) == "b"
+        assert a.calls == 1
+        (s,) = second.transport.suspensions()
+        assert (s.target, s.reason) == ("a", "rate_limited")
+        assert s.retry_in is not None and 29 < s.retry_in <= 30
+    finally:
+        for d, store in zip((first, second), stores, strict=True):
+            if d.is_async:
+                d.run(store.aclose())
+            else:
+                store.close()
