@@ -321,6 +321,7 @@ class FailoverPolicy(_Model):
     max_retry_wait: _NonNegativeDuration = 5.0
     total_timeout: _PositiveDuration | None = None
     first_byte_timeout: _PositiveDuration | None = None
+    stall_timeout: _PositiveDuration | None = None
     retry_ambiguous: bool = False
     on_context_overflow: bool = True
     on_all_suspended: Literal["raise", "respond"] = "raise"
@@ -334,6 +335,7 @@ class FailoverOverrides(_Model):
     max_retry_wait: _NonNegativeDuration | None = None
     total_timeout: _PositiveDuration | None = None
     first_byte_timeout: _PositiveDuration | None = None
+    stall_timeout: _PositiveDuration | None = None
     retry_ambiguous: bool | None = None
     on_context_overflow: bool | None = None
     on_all_suspended: Literal["raise", "respond"] | None = None
@@ -431,6 +433,8 @@ class Route(_Model):
     match: list[_HttpUrl] = Field(default_factory=list)
     commit: Literal["first_byte", "complete"] = "first_byte"
     max_buffered_bytes: Annotated[ByteSize, Field(gt=0)] = 16 * 2**20
+    # `validate` in the file: the name would shadow a pydantic method here
+    validate_body: Literal["auto", "none"] = Field("auto", alias="validate")
     failover: FailoverOverrides = Field(default_factory=FailoverOverrides)
     targets: list[Target]
 

@@ -76,6 +76,7 @@ class CompiledRoute:
     policy: FailoverPolicy
     commit_complete: bool
     max_buffered_bytes: int
+    validate: bool = False  # check the 2xx bodies buffered by commit: complete
 
 
 class Candidates(NamedTuple):
@@ -191,6 +192,7 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
         policy=route.policy(base),
         commit_complete=route.commit == "complete",
         max_buffered_bytes=route.max_buffered_bytes,
+        validate=route.commit == "complete" and route.validate_body == "auto",
     )
 
 
