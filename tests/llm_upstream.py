@@ -117,8 +117,24 @@ def _anthropic_events(pieces: list[str]) -> list[bytes]:
     return [first, *(delta(piece) for piece in pieces[1:]), end]
 
 
-def llm(name: str, *, release: threading.Event | None = None) -> Behaviour:
-    """Answer both APIs as upstream `name`; a stream holds its later events until `release` is set."""
+def _faulty(events: list[bytes], fault: str | None) -> list[bytes]:
+    """`events` as sent, with one event's JSON broken ("invalid") or the end event left out ("cut")."""
+    if fault == "invalid":
+        broken = events[1].replace(b'"}', b'"', 1)  # a proxy rewrote the event
+        return [events[0], broken, *events[2:]]
+    if fault == "cut":
+        return events[:-1]  # the connection ends cleanly before the protocol's end
+    return events
+
+
+def llm(
+    name: str, *, release: threading.Event | None = None, fault: str | None = None
+) -> Behaviour:
+    """Answer both APIs as upstream `name`; a stream holds its later events until `release` is set.
+
+    `fault` spoils every stream: "invalid" breaks one event's JSON, "cut" ends
+    it before its end event.
+    """
     pieces = [piece.format(name=name) for piece in PIECES]
     text = "".join(pieces)
 
@@ -127,11 +143,13 @@ def llm(name: str, *, release: threading.Event | None = None) -> Behaviour:
         sse = {"content-type": "text/event-stream"}
         if seen.path.endswith("/chat/completions"):
             if streaming:
-                return Stream(_openai_events(pieces), headers=sse, release=release)
+                events = _faulty(_openai_events(pieces), fault)
+                return Stream(events, headers=sse, release=release)
             return Respond(body=_openai_json(text))
         if seen.path.endswith("/messages"):
             if streaming:
-                return Stream(_anthropic_events(pieces), headers=sse, release=release)
+                events = _faulty(_anthropic_events(pieces), fault)
+                return Stream(events, headers=sse, release=release)
             return Respond(body=_anthropic_json(text))
         return Respond(404, {"error": "not found"})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import warnings
@@ -241,3 +242,37 @@ def test_install_does_not_wrap_a_wrapped_sdk_client_again(
         assert client._client._transport is transport
         assert not isinstance(transport.inner.own, _Shell)
         assert_answered_by_backup(sdk, a, b, sdk.ask(client))
+
+
+@pytest.mark.parametrize("fault", ["invalid", "cut"])
+def test_a_malformed_stream_from_the_primary_is_replaced_by_the_backups(
+    sdk: Sdk, is_async: bool, fault: str, a: Upstream, b: Upstream
+) -> None:
+    """With commit: complete, a stream with an invalid JSON event or cut before its end event never reaches the SDK: it reads the backup's whole answer."""
+    a.behaviour = llm("a", fault=fault)
+    config = llm_config(sdk, a, b, retry_ambiguous=True)
+    route = config.routes[0].model_copy(update={"commit": "complete"})
+    config = config.model_copy(update={"routes": [route]})
+    http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
+    text = ask(sdk, is_async, a, http_client, stream=True)
+    assert_answered_by_backup(sdk, a, b, text)
+
+
+@pytest.mark.parametrize("fault", ["invalid", "cut"])
+def test_a_malformed_stream_is_what_the_sdk_sees_without_validation(
+    sdk: Sdk, fault: str, a: Upstream, b: Upstream
+) -> None:
+    """The faults are real: with validate: none the SDK reads the primary's broken or truncated stream."""
+    a.behaviour = llm("a", fault=fault)
+    config = llm_config(sdk, a, b, retry_ambiguous=True)
+    route = config.routes[0].model_copy(update={"commit": "complete", "validate_body": "none"})
+    config = config.model_copy(update={"routes": [route]})
+    http_client = sidestep.wrap(sdk.default_http_client(False), config)
+    if fault == "invalid":
+        with pytest.raises(json.JSONDecodeError):  # raised in the caller's code
+            ask(sdk, False, a, http_client, stream=True)
+    else:
+        assert (
+            ask(sdk, False, a, http_client, stream=True) == "hello from a"
+        )  # a truncated "success"
+    assert b.calls == 0

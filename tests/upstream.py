@@ -53,6 +53,7 @@ class Stream:
     release: threading.Event | None = (
         None  # when set, wait for it before the chunks after the first
     )
+    first_delay: float = 0.0  # seconds between the headers and the first chunk
 
 
 @dataclass
@@ -174,6 +175,8 @@ class Upstream:
                     return False
                 if action.stall_after is not None and n >= action.stall_after:
                     await asyncio.sleep(3600)
+                if not n and action.first_delay:
+                    await asyncio.sleep(action.first_delay)
                 if n and action.delay:
                     await asyncio.sleep(action.delay)
                 if n == 1 and action.release is not None:

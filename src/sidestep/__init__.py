@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._adopt import install, uninstall, wrap
 from ._config import Config, load_config
-from ._errors import AllCandidatesSuspended, CandidateStatus, ConfigError, SidestepError
+from ._errors import (
+    AllCandidatesSuspended,
+    CandidateStatus,
+    ConfigError,
+    InvalidUpstreamBody,
+    SidestepError,
+)
 from ._store import MemoryStore, StateStore
 from ._transport import AsyncFailoverTransport, FailoverTransport, Suspension
 
@@ -26,6 +32,7 @@ __all__ = [
     "Config",
     "ConfigError",
     "FailoverTransport",
+    "InvalidUpstreamBody",
     "MemoryStore",
     "SidestepError",
     "StateStore",

@@ -22,7 +22,7 @@ from ._circuit import State
 from ._classify import BODY_PREFIX_LIMIT, ErrorKind, Exchange, Kind, Verdict
 from ._config import Config, FailoverPolicy, as_config
 from ._encodings import decoded_head
-from ._errors import AllCandidatesSuspended, CandidateStatus
+from ._errors import AllCandidatesSuspended, CandidateStatus, InvalidUpstreamBody
 from ._flavour import Flavour
 from ._reverse import client_view
 from ._routes import (
@@ -37,6 +37,7 @@ from ._routes import (
 from ._scopes import ScopeFacts, ScopeKind, origin_key
 from ._store import Admission, MemoryStore, StateStore, Ticket, Transition
 from ._suspended import unavailable_body, unavailable_headers
+from ._validate import body_problem
 from .logging import emit
 
 __all__ = ["Call", "Close", "Core", "Read", "Send", "Sleep"]
@@ -88,6 +89,11 @@ class Read:
     the rest, so the caller still gets the whole body; after the head, body
     errors are passed to `on_error` (a generator of effects) before they rise,
     and a body read to its end calls `on_end`.
+
+    `stall` bounds each wait for a chunk, from the headers on, head and rest
+    alike: a silence that long raises the flavour's ReadTimeout. Shells that
+    can bound a wait from outside (async) enforce it per chunk; the sync one
+    relies on the read timeout the core set for the body's socket reads.
     """
 
     response: Any
@@ -96,6 +102,7 @@ class Read:
     deadline: float | None
     on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
     on_end: Callable[[], Generator[Any, Any, None]] | None = None
+    stall: float | None = None
 
 
 @dataclass(slots=True)
@@ -355,8 +362,11 @@ class Core:
         """One upstream call: send, then read as far as the verdict needs."""
         deadline = run.deadline
         first_byte = run.policy.first_byte_timeout
+        stall = run.policy.stall_timeout
         now = self.clock()
-        if deadline is not None or first_byte is not None:
+        caller_read = None
+        if deadline is not None or first_byte is not None or stall is not None:
+            caller_read = (request.extensions.get("timeout") or {}).get("read")
             request.extensions = dict(request.extensions)
             request.extensions["timeout"] = self._timeouts(request, run, first_byte, now)
         fb_deadline = deadline
@@ -402,7 +412,25 @@ class Core:
         if isinstance(response.stream, self._byte_stream) or status < 200:
             # the body is here already; or a 101 hands its connection to the caller
             return _Outcome(_SUCCESS, response, committed=True)
+        if stall is not None and not self._exact:
+            self._stall_reads(request, run, stall, caller_read)
         return (yield from self._commit(run, target, request, ticket, response, fb_deadline))
+
+    def _stall_reads(self, request: Any, run: _Run, stall: float, caller_read: Any) -> None:
+        """Bound each socket read of the body by `stall`, where no wait can be cut from outside.
+
+        The headers are in; httpcore takes the read timeout for a body when the
+        body starts and applies it to each socket read, so setting it now bounds
+        every silence of the body (the first chunk's included) by `stall`,
+        while the headers were waited for within the first-byte limit.
+        """
+        timeouts = request.extensions.get("timeout")
+        if not isinstance(timeouts, dict):
+            return
+        bound = stall if caller_read is None else min(caller_read, stall)
+        if run.deadline is not None:
+            bound = min(bound, max(0.0, run.deadline - self.clock()))
+        timeouts["read"] = bound
 
     def _commit(
         self,
@@ -430,20 +458,36 @@ class Core:
             return self._record(ticket, _SUCCESS, target, run)
 
         end = on_end if defer else None
+        stall = run.policy.stall_timeout
         try:
             if route is not None and route.commit_complete:
                 # the first byte within its own limit, then the rest within the request's
-                _, ended = yield Read(response, request, 1, fb_deadline)
+                body, ended = yield Read(response, request, 1, fb_deadline, stall=stall)
                 if not ended:
                     limit = route.max_buffered_bytes
-                    _, ended = yield Read(response, request, limit, run.deadline, on_error, end)
+                    body, ended = yield Read(
+                        response, request, limit, run.deadline, on_error, end, stall
+                    )
+                if ended and route.validate:
+                    invalid = self._invalid(response, request, body, route.max_buffered_bytes)
+                    if invalid is not None:
+                        yield Close(response)
+                        error = InvalidUpstreamBody(target.name, invalid, route=run.route_name)
+                        verdict = Verdict(
+                            Kind.FAILURE,
+                            c11n.UNAVAILABLE,
+                            ScopeKind.MODEL,
+                            failover=True,
+                            status=response.status_code,
+                        )
+                        return _Outcome(verdict, error)
             elif run.endpoint:
                 # Unrouted: no other candidate to move to, so nothing to wait for. The
                 # response goes to the caller at its headers, as plain httpx hands it
                 # over (a long poll may stay quiet for minutes); its end is the verdict.
-                _, ended = yield Read(response, request, 0, None, on_error, end)
+                _, ended = yield Read(response, request, 0, None, on_error, end, stall)
             else:
-                _, ended = yield Read(response, request, 1, fb_deadline, on_error, end)
+                _, ended = yield Read(response, request, 1, fb_deadline, on_error, end, stall)
         except Exception as exc:
             yield Close(response)
             return _Outcome(self._classify_error(request, exc, run), exc)
@@ -452,13 +496,28 @@ class Core:
             raise
         return _Outcome(_SUCCESS, response, committed=True, deferred=defer and not ended)
 
+    @staticmethod
+    def _invalid(response: Any, request: Any, body: list[bytes], limit: int) -> str | None:
+        """What is wrong with a whole buffered 2xx body (see `_validate`); None if nothing."""
+        status = response.status_code
+        if not 200 <= status < 300 or status in (204, 205) or request.method == "HEAD":
+            return None  # no body to judge
+        headers = response.headers
+        return body_problem(
+            headers.get("content-type"),
+            headers.get("content-encoding"),
+            b"".join(body),
+            request.url.path,
+            limit,
+        )
+
     # -- verdicts -------------------------------------------------------------------
 
     def _classify_error(self, request: Any, exc: BaseException, run: _Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
         if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
             kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
-        return self._classify(
+        verdict = self._classify(
             Exchange(
                 method=request.method,
                 request_headers=request.headers,
@@ -468,6 +527,11 @@ class Core:
                 routed=not run.endpoint,
             )
         )
+        if self.flavour.is_timeout(exc):
+            # A fact, not a classifier's opinion: the target kept this request
+            # waiting, so it gets no second attempt (scope and failover unchanged).
+            verdict = replace(verdict, timeout=True)
+        return verdict
 
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
@@ -495,8 +559,13 @@ class Core:
 
     @staticmethod
     def _retryable(verdict: Verdict) -> bool:
-        """Worth another attempt on the same target: an outage or a rate limit, nothing else."""
-        if not verdict.failover:
+        """Worth another attempt on the same target: a quick outage or a rate limit.
+
+        A timeout (connect, first byte, read, write, stall, deadline) never is:
+        the target already cost the caller its wait, so the next candidate is
+        tried at once.
+        """
+        if not verdict.failover or verdict.timeout:
             return False
         return verdict.kind is Kind.FAILURE or verdict.reason == c11n.RATE_LIMITED
 

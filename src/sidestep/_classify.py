@@ -177,6 +177,10 @@ class Verdict:
             rate limit without them, from the provider's own reset hints.
         status: the response status, None when an exception ended the attempt.
         also: a second scope kind the result is recorded against, or None.
+        timeout: the attempt ended by a timeout (connect, first byte, read,
+            write, stall or a deadline); set by the failover loop, never by a
+            classifier. Such a target is not retried in place: the request
+            moves on to the next candidate at once.
     """
 
     kind: Kind
@@ -186,6 +190,7 @@ class Verdict:
     retry_after: float | None = None
     status: int | None = None
     also: ScopeKind | None = None
+    timeout: bool = False
 
 
 Classifier: TypeAlias = Callable[[Exchange], Verdict]

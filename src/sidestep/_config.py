@@ -321,6 +321,7 @@ class FailoverPolicy(_Model):
     max_retry_wait: _NonNegativeDuration = 5.0
     total_timeout: _PositiveDuration | None = None
     first_byte_timeout: _PositiveDuration | None = None
+    stall_timeout: _PositiveDuration | None = None
     retry_ambiguous: bool = False
     on_context_overflow: bool = True
     on_all_suspended: Literal["raise", "respond"] = "raise"
@@ -334,6 +335,7 @@ class FailoverOverrides(_Model):
     max_retry_wait: _NonNegativeDuration | None = None
     total_timeout: _PositiveDuration | None = None
     first_byte_timeout: _PositiveDuration | None = None
+    stall_timeout: _PositiveDuration | None = None
     retry_ambiguous: bool | None = None
     on_context_overflow: bool | None = None
     on_all_suspended: Literal["raise", "respond"] | None = None
@@ -432,6 +434,8 @@ class Route(_Model):
     commit: Literal["first_byte", "complete"] = "first_byte"
     max_buffered_bytes: Annotated[ByteSize, Field(gt=0)] = 16 * 2**20
     avoid_rate_limits: bool = False  # a success that spent the last request suspends its scope
+    # `validate` in the file: the name would shadow a pydantic method here
+    validate_body: Literal["auto", "none"] = Field("auto", alias="validate")
     failover: FailoverOverrides = Field(default_factory=FailoverOverrides)
     targets: list[Target]
 

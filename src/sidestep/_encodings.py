@@ -22,7 +22,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["decoded_head"]
+__all__ = ["Undecodable", "decoded_body", "decoded_head"]
 
 # Layers of Content-Encoding undone at most; more is no honest upstream.
 _MAX_LAYERS = 4
@@ -67,6 +67,80 @@ def decoded_head(chunks: Sequence[bytes], content_encoding: str | None, limit: i
         except Exception:  # corrupt or mislabelled: the client will say so; read it as it came
             return raw
     return data
+
+
+class Undecodable(ValueError):
+    """A whole body that does not decode along its ``Content-Encoding`` (corrupt or cut)."""
+
+
+def decoded_body(body: bytes, content_encoding: str | None, limit: int) -> bytes | None:
+    """The whole of `body` decoded along `content_encoding`, or None when it cannot be told.
+
+    None when a layer is in an encoding not decodable here, or decodes to
+    more than `limit` bytes (a bomb costs no more than `limit`); raises
+    `Undecodable` when a layer is corrupt or ends before its own end (a body
+    cut short that the connection ended cleanly).
+
+    >>> import gzip
+    >>> decoded_body(gzip.compress(b"{}"), "gzip", 16)
+    b'{}'
+    """
+    if not content_encoding:
+        return body
+    codings = [c.strip().lower() for c in content_encoding.split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    if len(codings) > _MAX_LAYERS:
+        return None
+    data = body
+    for coding in reversed(codings):
+        decode = _WHOLE.get(coding)
+        if decode is None:
+            return None
+        try:
+            decoded = decode(data, limit + 1)
+        except Undecodable:
+            raise
+        except Exception as exc:
+            raise Undecodable(f"the {coding} encoding does not decode") from exc
+        if decoded is None or len(decoded) > limit:
+            return None
+        data = decoded
+    return data
+
+
+def _zlib_whole(wbits: int) -> Callable[[bytes, int], bytes | None]:
+    def decode(data: bytes, limit: int) -> bytes | None:
+        decompressor = zlib.decompressobj(wbits)
+        out = decompressor.decompress(data, limit)
+        if len(out) >= limit:
+            return None
+        if not decompressor.eof:
+            raise Undecodable("the encoded body ends before its end")
+        return out
+
+    return decode
+
+
+def _deflate_whole(data: bytes, limit: int) -> bytes | None:
+    try:
+        return _zlib_whole(zlib.MAX_WBITS)(data, limit)
+    except zlib.error:
+        return _zlib_whole(-zlib.MAX_WBITS)(data, limit)
+
+
+def _br_whole(data: bytes, limit: int) -> bytes | None:
+    decompressor = _brotli.Decompressor()
+    out: bytes = decompressor.process(data, output_buffer_limit=limit)
+    if len(out) >= limit:
+        return None
+    if not decompressor.is_finished():
+        raise Undecodable("the br encoding ends before its end")
+    return out
+
+
+def _zstd_whole(data: bytes, limit: int) -> bytes | None:
+    out = _zstd_decode(data, limit)
+    return None if len(out) >= limit else out
 
 
 def _gzip(data: bytes, limit: int) -> bytes:
@@ -123,3 +197,13 @@ if _brotli_bounded():
     _DECODERS["br"] = _br
 if _zstd is not None:
     _DECODERS["zstd"] = _zstd_decode
+
+_WHOLE: dict[str, Callable[[bytes, int], bytes | None]] = {
+    "gzip": _zlib_whole(zlib.MAX_WBITS | 16),
+    "x-gzip": _zlib_whole(zlib.MAX_WBITS | 16),
+    "deflate": _deflate_whole,
+}
+if _brotli_bounded():
+    _WHOLE["br"] = _br_whole
+if _zstd is not None:
+    _WHOLE["zstd"] = _zstd_whole

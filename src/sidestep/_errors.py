@@ -3,8 +3,9 @@
 ```
 SidestepError
  ├─ ConfigError                (also ValueError)
- └─ AllCandidatesSuspended     (also httpx.TransportError, and httpx2.TransportError
-                                when httpx2 is installed)
+ ├─ AllCandidatesSuspended     (also httpx.TransportError, and httpx2.TransportError
+ │                              when httpx2 is installed)
+ └─ InvalidUpstreamBody        (the same two bases)
 ```
 
 Messages and reprs name targets and origins only: never a path, a query,
@@ -28,7 +29,13 @@ except ModuleNotFoundError as exc:  # httpx2 is optional; nothing can expect its
         """Stands in for ``httpx2.TransportError`` where httpx2 is not installed."""
 
 
-__all__ = ["AllCandidatesSuspended", "CandidateStatus", "ConfigError", "SidestepError"]
+__all__ = [
+    "AllCandidatesSuspended",
+    "CandidateStatus",
+    "ConfigError",
+    "InvalidUpstreamBody",
+    "SidestepError",
+]
 
 
 class SidestepError(Exception):
@@ -101,3 +108,44 @@ def _rebuild_suspended(
     candidates: tuple[CandidateStatus, ...], route: str | None
 ) -> AllCandidatesSuspended:
     return AllCandidatesSuspended(candidates, route=route)
+
+
+class InvalidUpstreamBody(SidestepError, httpx.TransportError, _Httpx2TransportError):  # type: ignore[misc]  # both bases define .request alike
+    """The last candidate answered 2xx with a body that failed validation (``commit: complete``).
+
+    The body was buffered whole and is malformed — JSON that does not parse,
+    an event stream with an invalid event or cut before its protocol's end —
+    and no other candidate was left to answer instead. A transport error of
+    both httpx flavours, like `AllCandidatesSuspended`, so SDKs turn it into
+    their connection error. The message names the target and the problem,
+    never a byte of the body.
+
+    Attributes:
+        target: the name of the target whose body failed validation.
+        route: the route's name.
+        problem: what was wrong, in words (no body content).
+    """
+
+    target: str
+    route: str | None
+    problem: str
+
+    def __init__(self, target: str, problem: str, *, route: str | None = None) -> None:
+        self.target = target
+        self.problem = problem
+        self.route = route
+        where = f" of route {route!r}" if route else ""
+        super().__init__(f"target {target!r}{where} answered with an invalid body: {problem}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_invalid, (self.target, self.problem, self.route))
+
+    def __repr__(self) -> str:
+        return (
+            f"InvalidUpstreamBody(target={self.target!r}, route={self.route!r}, "
+            f"problem={self.problem!r})"
+        )
+
+
+def _rebuild_invalid(target: str, problem: str, route: str | None) -> InvalidUpstreamBody:
+    return InvalidUpstreamBody(target, problem, route=route)

@@ -71,6 +71,10 @@ class Flavour:
             return ErrorKind.AMBIGUOUS  # a first-byte or total deadline ran out mid-attempt
         return ErrorKind.OTHER
 
+    def is_timeout(self, exc: BaseException) -> bool:
+        """Whether `exc` is a timeout: the flavour's own, or a deadline sidestep enforced."""
+        return isinstance(exc, (self.timeout_error, TimeoutError))
+
 
 def is_proxy(transport: Any) -> bool:
     """Whether `transport` (an httpx or httpx2 HTTP transport) sends through a proxy."""

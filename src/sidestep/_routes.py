@@ -77,6 +77,7 @@ class CompiledRoute:
     commit_complete: bool
     max_buffered_bytes: int
     avoid_rate_limits: bool = False
+    validate: bool = False  # check the 2xx bodies buffered by commit: complete
 
 
 class Candidates(NamedTuple):
@@ -193,6 +194,7 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
         commit_complete=route.commit == "complete",
         max_buffered_bytes=route.max_buffered_bytes,
         avoid_rate_limits=route.avoid_rate_limits,
+        validate=route.commit == "complete" and route.validate_body == "auto",
     )
 
 

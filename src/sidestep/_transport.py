@@ -27,6 +27,8 @@ __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
 
 _STORE_GRACE = 5.0  # seconds a store call may take, even while a cancellation unwinds
 _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout to fire
+_NO_ANSWER = "sidestep: no answer within the request's deadline"
+_STALLED = "sidestep: the body stalled for longer than stall_timeout"
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,16 +307,29 @@ class _AsyncShell(_Shell):
         seconds = max(0.0, deadline - self._core.clock()) + grace
         return _Deadline(seconds, self._flavour, request)
 
+    def _stall(self, seconds: float | None, request: Any) -> Callable[[], Any]:
+        """A new bound for each wait for a chunk: `seconds` of silence raise a ReadTimeout."""
+        if seconds is None:
+            return _no_deadline
+        flavour = self._flavour
+
+        def bound() -> _Deadline:
+            return _Deadline(seconds, flavour, request, _STALLED)
+
+        return bound
+
     async def _read(self, effect: Read) -> tuple[list[bytes], bool]:
         response = effect.response
         stream = response.stream
         chunks = stream.__aiter__()
         head: list[bytes] = []
         size = 0
+        stall = self._stall(effect.stall, effect.request)
         try:
             with self._deadline(effect.deadline, effect.request):
                 while size < effect.limit:
-                    chunk = await chunks.__anext__()
+                    with stall():
+                        chunk = await chunks.__anext__()
                     head.append(chunk)
                     size += len(chunk)
         except StopAsyncIteration:
@@ -334,8 +349,17 @@ class _AsyncShell(_Shell):
             for chunk in head:
                 yield chunk
             try:
-                async for chunk in chunks:
-                    yield chunk
+                if effect.stall is None:
+                    async for chunk in chunks:
+                        yield chunk
+                else:
+                    while True:
+                        try:
+                            with stall():
+                                chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        yield chunk
             except Exception as exc:
                 end.clear()
                 if on_error is not None:
@@ -350,12 +374,15 @@ class _AsyncShell(_Shell):
 class _Deadline:
     """anyio.fail_after that surfaces as the flavour's ReadTimeout, as any httpx timeout would."""
 
-    __slots__ = ("_flavour", "_request", "_scope")
+    __slots__ = ("_flavour", "_message", "_request", "_scope")
 
-    def __init__(self, seconds: float, flavour: Flavour, request: Any) -> None:
+    def __init__(
+        self, seconds: float, flavour: Flavour, request: Any, message: str = _NO_ANSWER
+    ) -> None:
         self._scope = anyio.fail_after(seconds)
         self._flavour = flavour
         self._request = request
+        self._message = message
 
     def __enter__(self) -> None:
         self._scope.__enter__()
@@ -364,9 +391,7 @@ class _Deadline:
         try:
             return bool(self._scope.__exit__(*exc_info))
         except TimeoutError as exc:
-            raise self._flavour.read_timeout(
-                "sidestep: no answer within the request's deadline", request=self._request
-            ) from exc
+            raise self._flavour.read_timeout(self._message, request=self._request) from exc
 
 
 class _NoDeadline:
@@ -378,6 +403,10 @@ class _NoDeadline:
 
 
 _NO_DEADLINE = _NoDeadline()
+
+
+def _no_deadline() -> _NoDeadline:
+    return _NO_DEADLINE
 
 
 def _always(url: Any) -> bool:
