@@ -132,6 +132,7 @@ class _Run:
         "last_target",
         "policy",
         "request",
+        "sent_at",
         "skipped",
         "tried",
     )
@@ -157,6 +158,7 @@ class _Run:
         self.last_target: CompiledTarget | None = None
         # each skipped target's status, and the end of its open window (None: half-open)
         self.skipped: list[tuple[CandidateStatus, float | None]] = []
+        self.sent_at = 0.0  # when the latest attempt started, on the core's clock
 
     @property
     def route_name(self) -> str | None:
@@ -353,7 +355,7 @@ class Core:
         """One upstream call: send, then read as far as the verdict needs."""
         deadline = run.deadline
         first_byte = run.policy.first_byte_timeout
-        now = self.clock()
+        now = run.sent_at = self.clock()
         if deadline is not None or first_byte is not None:
             request.extensions = dict(request.extensions)
             request.extensions["timeout"] = self._timeouts(request, run, first_byte, now)
@@ -502,6 +504,9 @@ class Core:
         if run.endpoint:
             verdict = self._unrouted(verdict, target.origin, run.endpoint, ticket)
         now = self.clock()
+        if verdict.kind is Kind.FAILURE and now - run.sent_at >= self.breaker.slow_failure:
+            # a failure that cost its caller time: a failed probe grows the open window
+            verdict = replace(verdict, slow=True)
         if self._blocking:
             args = (ticket, verdict, self.breaker, self.suspensions, now)
             transitions = yield Call("record", args)

@@ -172,6 +172,10 @@ class Verdict:
         retry_after: seconds from ``Retry-After`` / ``retry-after-ms``.
         status: the response status, None when an exception ended the attempt.
         also: a second scope kind the result is recorded against, or None.
+        slow: the failure took the caller at least `BreakerPolicy.slow_failure`
+            (a timeout, a slow 5xx): set by the core, never by the classifier.
+            A failed probe that was slow grows the open window; a quick one
+            does not (DESIGN §3.3).
     """
 
     kind: Kind
@@ -181,6 +185,7 @@ class Verdict:
     retry_after: float | None = None
     status: int | None = None
     also: ScopeKind | None = None
+    slow: bool = False
 
 
 Classifier: TypeAlias = Callable[[Exchange], Verdict]
