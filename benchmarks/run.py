@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("overhead", "throughput", "outage", "hang", "flap", "scale", "redis_store")
+SCENARIOS = ("overhead", "throughput", "outage", "hang", "flap", "recovery", "scale", "redis_store")
 Row = dict[str, Any]
 
 

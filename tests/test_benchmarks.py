@@ -32,7 +32,7 @@ def runner() -> Iterator[ModuleType]:
 
 
 def _scenarios() -> list[str]:
-    names = ("overhead", "throughput", "outage", "hang", "flap", "scale", "redis_store")
+    names = ("overhead", "throughput", "outage", "hang", "flap", "recovery", "scale", "redis_store")
     return [name for name in names if (BENCHMARKS / f"{name}.py").exists()]
 
 
