@@ -79,6 +79,6 @@ def run(quick: bool) -> list[Row]:
             back,
             "ms",
             back <= max_cooldown * 1000,
-            f"max_cooldown {max_cooldown * 1000:g} ms (cooldown {cooldown * 1000:g} ms, doubling)",
+            f"max_cooldown {max_cooldown * 1000:g} ms (cooldown {cooldown * 1000:g} ms)",
         ),
     ]

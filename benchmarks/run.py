@@ -31,6 +31,7 @@ SCENARIOS = (
     "outage",
     "hang",
     "flap",
+    "recovery",
     "ratelimit",
     "scale",
     "redis_store",

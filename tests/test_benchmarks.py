@@ -38,6 +38,7 @@ def _scenarios() -> list[str]:
         "outage",
         "hang",
         "flap",
+        "recovery",
         "ratelimit",
         "scale",
         "redis_store",

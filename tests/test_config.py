@@ -38,6 +38,7 @@ breaker:
   cooldown: 30s               # first open window (> 0)
   max_cooldown: 10m           # cap for growth (>= cooldown)
   backoff_multiplier: 2.0     # > 1
+  slow_failure: 1s            # >= 0
   half_open_probes: 1         # > 0
   failure_rate:               # optional
     threshold: 0.5            # 0 < threshold <= 1
@@ -117,6 +118,7 @@ def test_defaults_match_the_design() -> None:
         cooldown=30.0,
         max_cooldown=600.0,
         backoff_multiplier=2.0,
+        slow_failure=1.0,
         half_open_probes=1,
         failure_rate=None,
         enforce=True,
@@ -163,6 +165,7 @@ def test_design_example_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     assert breaker.cooldown == 30.0
     assert breaker.max_cooldown == 600.0
     assert breaker.backoff_multiplier == 2.0
+    assert breaker.slow_failure == 1.0
     assert breaker.half_open_probes == 1
     assert breaker.failure_rate == FailureRate(threshold=0.5, window=30.0, minimum_calls=20)
     assert breaker.enforce is True
@@ -419,6 +422,8 @@ def test_json_fields_take_the_json_key() -> None:
         ("breaker: {cooldown: 1m, max_cooldown: 30s}", "breaker", "max_cooldown"),
         ("breaker: {backoff_multiplier: 1}", "breaker.backoff_multiplier", "greater than 1"),
         ("breaker: {backoff_multiplier: 0.5}", "breaker.backoff_multiplier", "greater than 1"),
+        ("breaker: {slow_failure: -1s}", "breaker.slow_failure", "cannot be negative"),
+        ("breaker: {slow_failure: soon}", "breaker.slow_failure", "a duration is"),
         ("breaker: {failure_rate: {threshold: 0}}", "breaker.failure_rate.threshold", "than 0"),
         ("breaker: {failure_rate: {threshold: 1.5}}", "breaker.failure_rate.threshold", "1"),
         ("breaker: {failure_rate: {}}", "breaker.failure_rate.threshold", "missing"),

@@ -112,6 +112,7 @@ def between(value: float, low: float, high: float, slack: float = 0.002) -> bool
 VERDICTS = [
     OK,
     FAIL,
+    Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True, slow=True),
     Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True),
     Verdict(Kind.NEUTRAL, "client_error", None, failover=False),
     Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.CREDENTIAL_MODEL, failover=True, retry_after=3),

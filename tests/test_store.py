@@ -23,6 +23,7 @@ from sidestep._store import MemoryStore, Ticket
 
 ORIGIN = "https://api.example:443"
 FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+SLOW_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True, slow=True)
 CONNECT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True)
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
 NEUTRAL = Verdict(Kind.NEUTRAL, "client_error", None, failover=False)
@@ -134,7 +135,7 @@ def test_successful_probe_closes_and_forgets_history(make_store: MakeStore) -> N
     fail(store, p, 0, 3)
     probe = admit(store, p, 10)
     assert probe is not None
-    store.record(probe, FAIL, p, SUSPENSIONS, 10)  # failed probe: window 20
+    store.record(probe, SLOW_FAIL, p, SUSPENSIONS, 10)  # slow failed probe: window 20
     assert store.snapshot(10)[0].retry_at == 30
     probe = admit(store, p, 30)
     assert probe is not None
@@ -144,18 +145,66 @@ def test_successful_probe_closes_and_forgets_history(make_store: MakeStore) -> N
     assert store.snapshot(40)[0].retry_at == 50
 
 
-def test_failed_probe_multiplies_the_window_up_to_the_cap(make_store: MakeStore) -> None:
-    """Each failed probe doubles the window, never above max_cooldown."""
-    store, p = make_store(), policy(cooldown=10, max_cooldown=35)
+def _probe_windows(store: Store, p: BreakerPolicy, verdicts: list[Verdict]) -> list[float]:
+    """Open the scope, then fail one probe per verdict at each window's end: the windows."""
     fail(store, p, 0, 3)
     now, windows = 0.0, []
-    for _ in range(4):
+    for verdict in verdicts:
         now = store.snapshot(now)[0].retry_at
         probe = admit(store, p, now)
         assert probe is not None
-        store.record(probe, FAIL, p, SUSPENSIONS, now)
+        assert admit(store, p, now) is None  # one probe per window
+        store.record(probe, verdict, p, SUSPENSIONS, now)
         windows.append(store.snapshot(now)[0].retry_at - now)
-    assert windows == [20, 35, 35, 35]
+    return windows
+
+
+def test_slow_failed_probe_multiplies_the_window_up_to_the_cap(make_store: MakeStore) -> None:
+    """Each slow failed probe (a timeout) doubles the window, never above max_cooldown."""
+    store, p = make_store(), policy(cooldown=10, max_cooldown=35)
+    assert _probe_windows(store, p, [SLOW_FAIL] * 4) == [20, 35, 35, 35]
+
+
+def test_quick_failed_probe_reopens_for_cooldown(make_store: MakeStore) -> None:
+    """A quick failed probe (a 503, a refused connection) reopens for cooldown, not a grown window."""
+    store, p = make_store(), policy(cooldown=10, max_cooldown=600)
+    assert _probe_windows(store, p, [FAIL] * 30) == [10] * 30
+
+
+def test_quick_failure_after_slow_ones_returns_to_cooldown(make_store: MakeStore) -> None:
+    """The window follows the last probe's cost: grown by slow ones, back to cooldown after a quick one."""
+    store, p = make_store(), policy(cooldown=10, max_cooldown=600)
+    verdicts = [SLOW_FAIL, SLOW_FAIL, FAIL, SLOW_FAIL]
+    assert _probe_windows(store, p, verdicts) == [20, 40, 10, 20]
+
+
+def test_retry_after_on_a_failed_probe_wins_over_its_speed(make_store: MakeStore) -> None:
+    """A failed probe's Retry-After is its window, bounded by max_cooldown, quick or slow."""
+    store, p = make_store(), policy(cooldown=10, max_cooldown=60)
+    told = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, True, retry_after=45)
+    told_slow = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, True, 500, slow=True)
+    assert _probe_windows(store, p, [told, told_slow, FAIL]) == [45, 60, 10]
+
+
+def test_a_ten_minute_quick_outage_costs_one_probe_per_cooldown(make_store: MakeStore) -> None:
+    """Probed once per cooldown through a 10-minute outage of quick failures, it closes on the first probe after recovery."""
+    store, p = make_store(), policy(cooldown=30, max_cooldown=600)
+    fail(store, p, 0, 3)
+    recovered, wasted, now = 601.0, 0, 0.0
+    while True:
+        now += 1  # one request a second
+        ticket = admit(store, p, now)
+        if ticket is None:
+            continue
+        if now < recovered:
+            wasted += 1
+            store.record(ticket, FAIL, p, SUSPENSIONS, now)
+        else:
+            store.record(ticket, OK, p, SUSPENSIONS, now)
+            break
+    assert wasted == 20  # at 30, 60, ... 600: one per window
+    assert now - recovered == 29  # the probe at 630
+    assert len(store) == 0
 
 
 def test_failures_while_open_do_not_extend_the_window(make_store: MakeStore) -> None:
@@ -186,11 +235,11 @@ def test_stale_ticket_cannot_close_or_extend_a_newer_generation(make_store: Make
     fail(store, p, 0, 3)
     first, second = admit(store, p, 10), admit(store, p, 10)
     assert first is not None and second is not None
-    store.record(first, FAIL, p, SUSPENSIONS, 10)  # reopens: retry_at 30
+    store.record(first, FAIL, p, SUSPENSIONS, 10)  # reopens: retry_at 20
     store.record(second, OK, p, SUSPENSIONS, 11)  # stale: must not close
     store.record(second, FAIL, p, SUSPENSIONS, 11)  # already done: ignored
     snap = store.snapshot(11)[0]
-    assert (snap.state, snap.retry_at) == (State.OPEN, 30)
+    assert (snap.state, snap.retry_at) == (State.OPEN, 20)
 
 
 def test_stale_failure_from_before_a_heal_is_ignored(make_store: MakeStore) -> None:

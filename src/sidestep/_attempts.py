@@ -139,6 +139,7 @@ class _Run:
         "last_target",
         "policy",
         "request",
+        "sent_at",
         "skipped",
         "tried",
     )
@@ -164,6 +165,7 @@ class _Run:
         self.last_target: CompiledTarget | None = None
         # each skipped target's status, and the end of its open window (None: half-open)
         self.skipped: list[tuple[CandidateStatus, float | None]] = []
+        self.sent_at = 0.0  # when the latest attempt started, on the core's clock
 
     @property
     def route_name(self) -> str | None:
@@ -363,7 +365,7 @@ class Core:
         deadline = run.deadline
         first_byte = run.policy.first_byte_timeout
         stall = run.policy.stall_timeout
-        now = self.clock()
+        now = run.sent_at = self.clock()
         caller_read = None
         if deadline is not None or first_byte is not None or stall is not None:
             caller_read = (request.extensions.get("timeout") or {}).get("read")
@@ -589,6 +591,12 @@ class Core:
         if run.endpoint:
             verdict = self._unrouted(verdict, target.origin, run.endpoint, ticket)
         now = self.clock()
+        if verdict.kind is Kind.FAILURE and (
+            verdict.timeout or now - run.sent_at >= self.breaker.slow_failure
+        ):
+            # a failure that cost its caller time (a timeout always does): a failed
+            # probe grows the open window
+            verdict = replace(verdict, slow=True)
         if self._blocking:
             args = (ticket, verdict, self.breaker, self.suspensions, now)
             transitions = yield Call("record", args)

@@ -116,22 +116,30 @@ def on_failure(
     now: float,
     next_gen: int,
     retry_after: float | None = None,
+    slow: bool = False,
 ) -> Circuit:
     """A current request saw an availability failure on this scope.
 
     When the failure opens the scope, an upstream's own ``Retry-After`` (a 503
-    or 529 announcing its downtime) is the window, bounded by `max_cooldown`;
-    without one, the window is `cooldown`, or the next, longer one after a
-    failed probe.
+    or 529 announcing its downtime) is the window, bounded by `max_cooldown`.
+    Without one, the window is `cooldown`; after a failed probe that was
+    `slow` (it cost its caller `slow_failure` or more), the window grows by
+    `backoff_multiplier` up to `max_cooldown`. A quick failed probe (a 503, a
+    refused connection) cost its caller almost nothing, since the same request
+    failed over, so it reopens the scope for `cooldown` again: a target back
+    after a long outage is found within one `cooldown`.
     """
     if c.state is State.OPEN:
         return c  # the window is set on the transition only
     if c.state is State.HALF_OPEN:
-        window = min(
-            max(c.window, policy.cooldown) * policy.backoff_multiplier, policy.max_cooldown
-        )
         if retry_after is not None:
             window = min(retry_after, policy.max_cooldown)
+        elif slow:
+            window = min(
+                max(c.window, policy.cooldown) * policy.backoff_multiplier, policy.max_cooldown
+            )
+        else:
+            window = policy.cooldown
         return _open(c, UNAVAILABLE, window, now, next_gen)
     failures = c.failures + 1
     rate = _count(c.rate, policy.failure_rate, now, failed=True)

@@ -181,6 +181,10 @@ class Verdict:
             write, stall or a deadline); set by the failover loop, never by a
             classifier. Such a target is not retried in place: the request
             moves on to the next candidate at once.
+        slow: the failure took the caller at least `BreakerPolicy.slow_failure`
+            (a timeout, a slow 5xx): set by the core, never by the classifier.
+            A failed probe that was slow grows the open window; a quick one
+            does not (DESIGN §3.3).
     """
 
     kind: Kind
@@ -191,6 +195,7 @@ class Verdict:
     status: int | None = None
     also: ScopeKind | None = None
     timeout: bool = False
+    slow: bool = False
 
 
 Classifier: TypeAlias = Callable[[Exchange], Verdict]

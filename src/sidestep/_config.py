@@ -298,6 +298,7 @@ class BreakerPolicy(_Model):
     cooldown: _PositiveDuration = 30.0
     max_cooldown: _PositiveDuration = 600.0
     backoff_multiplier: _Multiplier = 2.0
+    slow_failure: _NonNegativeDuration = 1.0
     half_open_probes: _Count = 1
     failure_rate: FailureRate | None = None
     enforce: bool = True

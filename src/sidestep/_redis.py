@@ -820,6 +820,7 @@ def _verdict_args(verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensi
         verdict.reason or "",
         circuit.UNAVAILABLE,
         _opt(verdict.retry_after),
+        "1" if verdict.slow else "0",
         str(policy.failure_threshold),
         repr(policy.cooldown),
         repr(policy.max_cooldown),

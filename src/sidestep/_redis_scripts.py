@@ -170,7 +170,7 @@ local function unhealthy(oh)
 end
 
 -- the state machine (_circuit.py) ----------------------------------------------------------
-local RATE, KIND, REASON, RETRY_AFTER, UNAVAILABLE
+local RATE, KIND, REASON, RETRY_AFTER, SLOW, UNAVAILABLE
 local THRESHOLD, COOLDOWN, MAX_COOLDOWN, MULTIPLIER, INITIAL, MAXIMUM
 
 local function fresh()
@@ -226,8 +226,12 @@ end
 local function on_failure(c, gen)
   if c.st == 'open' then return c end
   if c.st == 'half_open' then
-    local window = math.min(math.max(c.w, COOLDOWN) * MULTIPLIER, MAX_COOLDOWN)
-    if RETRY_AFTER then window = math.min(RETRY_AFTER, MAX_COOLDOWN) end
+    local window = COOLDOWN
+    if RETRY_AFTER then
+      window = math.min(RETRY_AFTER, MAX_COOLDOWN)
+    elseif SLOW then
+      window = math.min(math.max(c.w, COOLDOWN) * MULTIPLIER, MAX_COOLDOWN)
+    end
     return open(c, UNAVAILABLE, window, gen)
   end
   local f = c.f + 1
@@ -381,7 +385,7 @@ if op == 'record' then
   end
   if n > 0 then
     KIND, REASON, UNAVAILABLE = arg(), arg(), arg()
-    RETRY_AFTER = tonumber(arg())
+    RETRY_AFTER, SLOW = tonumber(arg()), arg() == '1'
     THRESHOLD, COOLDOWN = tonumber(arg()), tonumber(arg())
     MAX_COOLDOWN, MULTIPLIER = tonumber(arg()), tonumber(arg())
     INITIAL, MAXIMUM = tonumber(arg()), tonumber(arg())

@@ -306,7 +306,7 @@ class MemoryStore:
         if verdict.kind is Kind.SUCCESS:
             after = circuit.on_success(c, policy, now)
         elif verdict.kind is Kind.FAILURE:
-            after = circuit.on_failure(c, policy, now, next_gen, verdict.retry_after)
+            after = circuit.on_failure(c, policy, now, next_gen, verdict.retry_after, verdict.slow)
         else:
             reason = verdict.reason or ""
             window = suspensions.window(reason)
