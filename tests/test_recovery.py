@@ -17,7 +17,7 @@ import pytest
 
 from drivers import KINDS, Driver, FakeClock, route
 from sidestep._config import SidestepConfigWarning
-from upstream import Respond, Seen, Upstream
+from upstream import Hang, Respond, Seen, Upstream
 
 OUTAGE = 600.0  # ten simulated minutes
 EVERY = 4.0  # one request every 4 s, as in the report that asked for this
@@ -136,3 +136,23 @@ def test_slow_failure_zero_grows_the_window_after_every_failed_probe(
     assert len(sent) == 4  # at 40, 100, 220 and 460 s; the next, 480 s later, after recovery
     assert primary.first_up is not None
     assert primary.first_up - primary.recovered_at > COOLDOWN
+
+
+def test_a_timed_out_probe_grows_the_window_however_short_its_timeout(
+    make: Callable[..., Driver], a: Upstream, b: Upstream
+) -> None:
+    """A probe ended by a timeout is a slow failure even when the timeout was shorter than slow_failure: the window doubles."""
+    clock = FakeClock()
+    a.behaviour = lambda seen: Hang()
+    config = route(
+        ("a", a.url),
+        ("b", b.url),
+        breaker={"failure_threshold": 1, "cooldown": COOLDOWN, "slow_failure": 5},
+        failover={"retry_ambiguous": True},
+    )
+    d = make(config, clock=clock, timeout=(5.0, 0.2, 5.0, 5.0))  # a 0.2 s read budget
+    assert d.get(a.url + "/v1/x").text == "b"  # a times out, opens for the cooldown
+    clock.advance(COOLDOWN + 1)
+    assert d.get(a.url + "/v1/x").text == "b"  # the probe times out too
+    (row,) = [s for s in d.transport.suspensions() if s.target == "a"]
+    assert row.retry_in == pytest.approx(2 * COOLDOWN)  # grown, though the fake clock never moved
