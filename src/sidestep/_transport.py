@@ -17,9 +17,10 @@ from typing import Any, ClassVar
 import anyio
 import httpx
 
-from ._attempts import Call, Clock, Close, Core, Read, Send, Sleep
+from ._attempts import Core
 from ._circuit import State
 from ._config import Config
+from ._effects import Call, Clock, Close, Read, Send, Sleep
 from ._flavour import Flavour, is_proxy
 from ._store import ScopeStatus, StateStore
 

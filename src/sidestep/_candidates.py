@@ -1,0 +1,119 @@
+"""A request's candidates, and the request rebuilt for each of them.
+
+request -> route -> candidates: the route a request matches (remembered,
+bounded), or its own origin; the body it can replay; and, per target, the
+request rewritten (URL, Host, headers, JSON fields, credentials kept only
+where they may go).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._routes import (
+    Candidates,
+    CompiledTarget,
+    display_origin,
+    merge_json,
+    rewrite_headers,
+    without_credentials,
+)
+from ._run import CACHE_LIMIT, CoreState, Run
+from ._scopes import origin_key
+
+__all__ = ["Candidacy"]
+
+
+class Candidacy(CoreState):
+    """A request's candidates, and the request rebuilt for each of them."""
+
+    def _start(self, request: Any) -> Run:
+        url = request.url
+        try:
+            # The parsed parts both flavours keep: plain tuple fields, far cheaper
+            # per request than the public properties, which decode on each access.
+            ref = url._uri_reference
+            where = (ref.scheme, ref.host, ref.port)
+            path = ref.path or "/"  # still percent-encoded, as it goes on the wire
+        except AttributeError:
+            where = (url.scheme, url.host, url.port)
+            path = url.raw_path.decode("ascii").partition("?")[0]
+        origin = self._origins.get(where)
+        if origin is None:
+            origin = origin_key(url.scheme, url.host, url.port)
+            if len(self._origins) < CACHE_LIMIT:
+                self._origins[where] = origin
+        cands = None
+        if self.router.routes:
+            cands = self._matched.get((origin, path))
+            if cands is None:
+                cands = self.router.match(origin, path)
+                if cands is not None and len(self._matched) < CACHE_LIMIT:
+                    self._matched[(origin, path)] = cands  # the same answer every time
+        if cands is None:
+            cands = self._own_origin(origin, url)
+        policy = cands.route.policy if cands.route else self.config.failover
+        deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
+        content = getattr(request, "_content", None)
+        if content is not None:
+            body = content
+        elif len(cands.targets) > 1 or policy.max_attempts_per_target > 1:
+            body = self._streamed_body(request)  # it may have to be sent again
+        else:
+            body = None  # sent once, as it streams: nothing is read ahead
+        return Run(request, cands, policy, body, deadline, "" if cands.route else path)
+
+    def _own_origin(self, origin: str, url: Any) -> Candidates:
+        """An unrouted request: one candidate, its own origin (cached; bounded)."""
+        cands = self._own.get(origin)
+        if cands is None:
+            scheme, host, port = url.scheme, url.host, url.port
+            shown = display_origin(scheme, host, port)
+            target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
+            cands = Candidates(None, (target,), "", origin, direct=True)
+            if len(self._own) < CACHE_LIMIT:
+                self._own[origin] = cands
+        return cands
+
+    def _streamed_body(self, request: Any) -> bytes | None:
+        """The body of a request whose content is not in memory yet, when it can be replayed."""
+        if isinstance(request.stream, (self.flavour.multipart, self._byte_stream)):
+            # in-memory parts, or bytes passed as a stream (a followed redirect's body)
+            return request.read()  # type: ignore[no-any-return]
+        return None
+
+    def _rewrite(self, run: Run, target: CompiledTarget) -> tuple[Any, Any, bytes | None]:
+        """The request rebuilt for `target`: (request, its headers, its body).
+
+        Credentials — credential headers, URL userinfo, credential query
+        parameters — go to another origin only when the target inherits them.
+        """
+        request = run.request
+        keep = target.origin == run.cands.origin or target.inherit_credentials
+        headers = rewrite_headers(
+            list(request.headers.multi_items()), target, keep_credentials=keep
+        )
+        body = run.body
+        if body is not None and target.json_fields:
+            body = merge_json(body, target.json_fields)
+        query: bytes = request.url.query
+        if query and not keep:
+            query = without_credentials(query)
+        url = request.url.copy_with(
+            scheme=target.scheme,
+            host=target.host,
+            port=target.port,
+            raw_path=(target.path + run.cands.rest).encode("ascii")
+            + (b"?" + query if query else b""),
+        )
+        if not keep and url.userinfo:
+            url = url.copy_with(userinfo=b"")
+        extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
+        rebuilt = type(request)(
+            request.method,
+            url,
+            headers=headers,
+            content=body if body is not None else request.stream,
+            extensions=extensions,
+        )
+        return rebuilt, rebuilt.headers, body

@@ -1,0 +1,66 @@
+"""The effects the failover core yields, and the shells perform.
+
+`Core.handle` decides; whenever it needs I/O it yields one of these — send
+this request, read the head of that body, close a response, sleep, call a
+store that talks to a server — and takes the result (or the exception) back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Call", "Clock", "Close", "Read", "Send", "Sleep"]
+
+Clock = Callable[[], float]
+
+
+@dataclass(slots=True)
+class Send:
+    """Send `request` through the inner transport; the result is its response."""
+
+    request: Any
+    deadline: float | None  # on the core's clock; shells that can, enforce it exactly
+
+
+@dataclass(slots=True)
+class Read:
+    """Read the head of `response` (sent for `request`): chunks until `limit` bytes, or its end.
+
+    The result is ``(head, ended)``. The shell puts the chunks back in front of
+    the rest, so the caller still gets the whole body; after the head, body
+    errors are passed to `on_error` (a generator of effects) before they rise,
+    and a body read to its end calls `on_end`.
+
+    `stall` bounds each wait for a chunk, from the headers on, head and rest
+    alike: a silence that long raises the flavour's ReadTimeout. Shells that
+    can bound a wait from outside (async) enforce it per chunk; the sync one
+    relies on the read timeout the core set for the body's socket reads.
+    """
+
+    response: Any
+    request: Any
+    limit: int
+    deadline: float | None
+    on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
+    on_end: Callable[[], Generator[Any, Any, None]] | None = None
+    stall: float | None = None
+
+
+@dataclass(slots=True)
+class Close:
+    response: Any
+
+
+@dataclass(slots=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(slots=True)
+class Call:
+    """Call a store operation that may wait on I/O (its ``*_async`` twin in async shells)."""
+
+    name: str
+    args: tuple[Any, ...]

@@ -1,0 +1,110 @@
+"""One request's state on its way through the core, and the state the core shares.
+
+`Run` is a request's progress through its candidates, `Outcome` one
+attempt's result; both are made per request, so they are kept lean.
+`CoreState` declares what `Core.__init__` sets and every part of the core reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import _classify as c11n
+from ._classify import Kind, Verdict
+from ._config import BreakerPolicy, Config, FailoverPolicy, Suspensions
+from ._effects import Clock
+from ._errors import CandidateStatus
+from ._flavour import Flavour
+from ._routes import Candidates, CompiledTarget, Router
+from ._scopes import Fingerprinter
+from ._store import StateStore
+
+__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run"]
+
+# Per-origin and per-path memories of the core stop growing past this many entries.
+CACHE_LIMIT = 4096
+
+SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
+
+
+class Run:
+    """One request's progress through its candidates (created per request: kept lean)."""
+
+    __slots__ = (
+        "attempts",
+        "body",
+        "cands",
+        "deadline",
+        "endpoint",
+        "last",
+        "last_target",
+        "policy",
+        "request",
+        "sent_at",
+        "skipped",
+        "tried",
+    )
+
+    def __init__(
+        self,
+        request: Any,
+        cands: Candidates,
+        policy: FailoverPolicy,
+        body: bytes | None,
+        deadline: float | None,
+        endpoint: str,
+    ) -> None:
+        self.request = request
+        self.endpoint = endpoint  # an unrouted request's path; "" for a routed one
+        self.cands = cands
+        self.policy = policy
+        self.body = body  # None: a one-shot stream, sent to one target only
+        self.deadline = deadline
+        self.attempts = 0
+        self.tried = 0  # targets that were sent something
+        self.last: Any = None  # the last failing response or exception
+        self.last_target: CompiledTarget | None = None
+        # each skipped target's status, and the end of its open window (None: half-open)
+        self.skipped: list[tuple[CandidateStatus, float | None]] = []
+        self.sent_at = 0.0  # when the latest attempt started, on the core's clock
+
+    @property
+    def route_name(self) -> str | None:
+        return self.cands.route.name if self.cands.route else None
+
+
+class Outcome:
+    __slots__ = ("committed", "deferred", "result", "verdict")
+
+    def __init__(
+        self, verdict: Verdict, result: Any, committed: bool = False, deferred: bool = False
+    ) -> None:
+        self.verdict = verdict
+        self.result = result  # a response, or an exception
+        self.committed = committed
+        self.deferred = deferred  # the verdict is recorded when the body ends, or breaks
+
+
+class CoreState:
+    """What every part of the core reads: set once by `Core.__init__`."""
+
+    config: Config
+    router: Router
+    store: StateStore
+    clock: Clock
+    flavour: Flavour
+    breaker: BreakerPolicy
+    suspensions: Suspensions
+    classifier: c11n.Classifier
+    via_proxy: Callable[[Any], bool]
+    _custom_classifier: bool
+    _exact: bool
+    _blocking: bool
+    _byte_stream: Any
+    _fingerprint: Fingerprinter
+    _failing: dict[str, set[str]]
+    _quiet: dict[str | None, tuple[Any, ...]]
+    _origins: dict[tuple[str, str, int | None], str]
+    _own: dict[str, Candidates]
+    _matched: dict[tuple[str, str], Candidates]

@@ -1,0 +1,225 @@
+"""What one attempt's result means, and recording it.
+
+classify -> record: the classifier's verdict made exact (timeouts, proxies,
+unrouted endpoints, rate limits ahead), whether a target is worth another
+attempt and after how long, and the store's record with its events.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Generator
+from dataclasses import replace
+from typing import Any
+
+from . import _classify as c11n
+from ._circuit import State
+from ._classify import ErrorKind, Exchange, Kind, Verdict
+from ._config import FailoverPolicy
+from ._effects import Call
+from ._errors import CandidateStatus
+from ._routes import CompiledTarget
+from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run
+from ._scopes import ScopeKind
+from ._store import Admission, Ticket, Transition
+from .logging import emit
+
+__all__ = ["Verdicts"]
+
+_BACKOFF_BASE = 0.1  # seconds before the second attempt on one target, doubled after
+_TRANSITION_EVENTS = {
+    State.OPEN: "circuit.opened",
+    State.HALF_OPEN: "circuit.half_open",
+    State.CLOSED: "circuit.closed",
+}
+
+
+class Verdicts(CoreState):
+    """What one attempt's result means, and recording it."""
+
+    def _classify_error(self, request: Any, exc: BaseException, run: Run) -> Verdict:
+        kind = self.flavour.error_kind(exc)
+        if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
+            kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
+        verdict = self._classify(
+            Exchange(
+                method=request.method,
+                request_headers=request.headers,
+                error=kind,
+                retry_ambiguous=run.policy.retry_ambiguous,
+                on_context_overflow=run.policy.on_context_overflow,
+                routed=not run.endpoint,
+            )
+        )
+        if self.flavour.is_timeout(exc):
+            # A fact, not a classifier's opinion: the target kept this request
+            # waiting, so it gets no second attempt (scope and failover unchanged).
+            verdict = replace(verdict, timeout=True)
+        return verdict
+
+    def _classify(self, exchange: Exchange) -> Verdict:
+        verdict = self.classifier(exchange)
+        if verdict.kind is Kind.SUSPEND and verdict.reason not in c11n.SUSPENSION_REASONS:
+            # A replacement classifier named a reason with no window: count it as an outage.
+            scope = verdict.scope or ScopeKind.MODEL
+            return replace(verdict, kind=Kind.FAILURE, reason=c11n.UNAVAILABLE, scope=scope)
+        return verdict
+
+    @staticmethod
+    def _avoid_rate_limit(outcome: Outcome) -> Outcome:
+        """A success that spent its window's last request suspends its scope now (opt-in).
+
+        The response still goes to the caller. The suspension is its verdict,
+        recorded at once: a success deferred to the body's end would come too
+        late to spare the next request its 429.
+        """
+        if outcome.verdict is not SUCCESS:
+            return outcome
+        response = outcome.result
+        verdict = c11n.rate_limit_ahead(response.status_code, response.headers, time.time())
+        if verdict is None:
+            return outcome
+        return Outcome(verdict, response, committed=True)
+
+    @staticmethod
+    def _retryable(verdict: Verdict) -> bool:
+        """Worth another attempt on the same target: a quick outage or a rate limit.
+
+        A timeout (connect, first byte, read, write, stall, deadline) never is:
+        the target already cost the caller its wait, so the next candidate is
+        tried at once.
+        """
+        if not verdict.failover or verdict.timeout:
+            return False
+        return verdict.kind is Kind.FAILURE or verdict.reason == c11n.RATE_LIMITED
+
+    def _retry_wait(
+        self, verdict: Verdict, policy: FailoverPolicy, n: int, run: Run
+    ) -> float | None:
+        """How long to wait before attempt `n` on the same target; None to move on."""
+        if verdict.retry_after is not None:
+            if verdict.retry_after > policy.max_retry_wait:
+                return None
+            wait = verdict.retry_after
+        else:
+            wait = random.uniform(0, min(policy.max_retry_wait, _BACKOFF_BASE * 2 ** (n - 1)))  # noqa: S311
+        if run.deadline is not None and self.clock() + wait >= run.deadline:
+            return None
+        return wait
+
+    def _record(
+        self, ticket: Ticket, verdict: Verdict, target: CompiledTarget, run: Run
+    ) -> Generator[Any, Any, None]:
+        if run.endpoint:
+            verdict = self._unrouted(verdict, target.origin, run.endpoint, ticket)
+        now = self.clock()
+        if verdict.kind is Kind.FAILURE and (
+            verdict.timeout or now - run.sent_at >= self.breaker.slow_failure
+        ):
+            # a failure that cost its caller time (a timeout always does): a failed
+            # probe grows the open window
+            verdict = replace(verdict, slow=True)
+        if self._blocking:
+            args = (ticket, verdict, self.breaker, self.suspensions, now)
+            transitions = yield Call("record", args)
+        else:
+            transitions = self.store.record(ticket, verdict, self.breaker, self.suspensions, now)
+        if verdict.kind in (Kind.FAILURE, Kind.SUSPEND) or (
+            verdict.kind is Kind.NEUTRAL and verdict.failover
+        ):
+            emit(
+                "upstream.failed",
+                route=run.route_name,
+                target=target.name,
+                scope=verdict.scope.value if verdict.scope else None,
+                reason=verdict.reason,
+                status=verdict.status,
+            )
+        if transitions:
+            self._announce(transitions, target, run)
+
+    def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
+        """Where an unrouted request's result counts: its endpoint first.
+
+        A failure after the request was sent (a 5xx, a read timeout) is the
+        endpoint's: a caller's short timeout on one slow path must not cut off
+        the paths that answer. It counts toward the origin too when it is the
+        first failure of that endpoint since the origin last answered well,
+        so the origin opens once `failure_threshold` different endpoints fail
+        in a row, and a host silent on one path opens that endpoint: either
+        way within a bounded number of calls. A probe of the origin's own
+        circuit always counts for it: a failed probe reopens the origin.
+        """
+        if verdict.kind is Kind.SUCCESS:
+            if self._failing:
+                self._failing.pop(origin, None)
+            return verdict
+        if verdict.kind is not Kind.FAILURE or verdict.scope is not ScopeKind.MODEL:
+            return verdict  # nothing sent (the origin's), or neutral
+        failing = self._failing.get(origin)
+        if failing is None:
+            if len(self._failing) >= CACHE_LIMIT:
+                self._failing.clear()
+            failing = self._failing[origin] = set()
+        if endpoint in failing and not any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes):
+            return replace(verdict, scope=ScopeKind.ENDPOINT)  # counted for the origin already
+        if len(failing) <= self.breaker.failure_threshold:
+            failing.add(endpoint)
+        return replace(verdict, scope=ScopeKind.ENDPOINT, also=ScopeKind.MODEL)
+
+    def _body_failed(
+        self, ticket: Ticket, target: CompiledTarget, run: Run, request: Any, exc: BaseException
+    ) -> Generator[Any, Any, None]:
+        """A committed body broke off: an availability failure of that scope, raised as it is."""
+        verdict = self._classify_error(request, exc, run)
+        if verdict.kind is Kind.FAILURE:
+            ticket.done = False  # a probe's success was recorded at the commit point
+            yield from self._record(ticket, verdict, target, run)
+
+    def _skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
+        refusal = admission.refusal
+        assert refusal is not None
+        now = self.clock()
+        retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
+        status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
+        run.skipped.append((status, refusal.retry_at if refusal.state is State.OPEN else None))
+        emit(
+            "candidate.skipped",
+            route=run.route_name,
+            target=target.name,
+            scope=refusal.scope.kind.value,
+            state=refusal.state.value,
+            reason=refusal.reason,
+            retry_in_s=retry_in,
+        )
+
+    def _observe_skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
+        refusal = admission.refusal
+        assert refusal is not None
+        emit(
+            "candidate.skipped",
+            route=run.route_name,
+            target=target.name,
+            scope=refusal.scope.kind.value,
+            state=refusal.state.value,
+            reason=refusal.reason,
+            enforced=False,
+        )
+
+    def _announce(
+        self, transitions: tuple[Transition, ...], target: CompiledTarget, run: Run
+    ) -> None:
+        for t in transitions:
+            emit(
+                _TRANSITION_EVENTS[t.state],
+                route=run.route_name,
+                target=target.name,
+                scope=t.scope.kind.value,
+                state=t.state.value,
+                previous=t.previous.value,
+                reason=t.reason,
+                failures=t.failures,
+                retry_in_s=t.retry_in,
+            )
