@@ -358,8 +358,8 @@ class Core(Candidacy, Verdicts, Endings):
     def _invalid(response: Any, request: Any, body: list[bytes], limit: int) -> str | None:
         """What is wrong with a whole buffered 2xx body (see `_validate`); None if nothing."""
         status = response.status_code
-        if not 200 <= status < 300 or status in (204, 205) or request.method == "HEAD":
-            return None  # no body to judge
+        if not 200 <= status < 300 or status in (204, 205, 206) or request.method == "HEAD":
+            return None  # no body to judge, or only a part of one
         headers = response.headers
         return body_problem(
             headers.get("content-type"),

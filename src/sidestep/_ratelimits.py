@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 LONGEST_RESET: float = 2 * 24 * 3600.0
+_MAX_DIGITS = 12  # more digits than any reset has: not even turned into a number
 """The longest wait a reset hint may announce; past it, garbage (a day's limit resets in one)."""
 
 # Each limit a provider reports, as (its remaining count, its reset): a 429 is about one of them.
@@ -201,9 +202,15 @@ def _proto_duration(value: object) -> float | None:
         return float(m.group(1)) if m else None
     if isinstance(value, dict):  # the message form some clients log: {"seconds": 17, "nanos": 0}
         seconds, nanos = value.get("seconds", 0), value.get("nanos", 0)
-        if isinstance(seconds, str) and seconds.isdigit():
+        if isinstance(seconds, str) and seconds.isdigit() and len(seconds) <= _MAX_DIGITS:
             seconds = int(seconds)
-        if type(seconds) is int and type(nanos) is int and seconds >= 0 and 0 <= nanos < 10**9:
+        # a whole number past any announced reset is garbage, never a float overflow
+        if (
+            type(seconds) is int
+            and type(nanos) is int
+            and 0 <= seconds <= LONGEST_RESET
+            and 0 <= nanos < 10**9
+        ):
             return seconds + nanos / 1e9
     return None
 

@@ -70,6 +70,9 @@ def body_problem(
     return _stream_problem(decoded, path)
 
 
+_FIELD_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
 def _parses(data: bytes | str) -> bool:
     try:
         json.loads(data)
@@ -79,7 +82,12 @@ def _parses(data: bytes | str) -> bool:
 
 
 def _events(text: str) -> Iterator[tuple[str | None, str | None]]:
-    """Each event's ``(event name, data)``; raises ValueError on a line that is no SSE field."""
+    """Each event's ``(event name, data)``; raises ValueError on a line that is no SSE field.
+
+    Fields the protocol does not know are ignored, as the SSE rules say, when
+    their name is a plain token (`x-proxy-note: cached`); a line that is no
+    field at all (an HTML page served as a stream) is malformed.
+    """
     name: str | None = None
     data: list[str] = []
     for line in _LINE_END.split(text):
@@ -92,6 +100,8 @@ def _events(text: str) -> Iterator[tuple[str | None, str | None]]:
             continue  # a comment (a keep-alive)
         field, _, value = line.partition(":")
         if field not in _SSE_FIELDS:
+            if _FIELD_NAME.fullmatch(field):
+                continue  # a field the protocol does not know: ignored, as SSE says
             raise ValueError("a line that is no server-sent event field")
         value = value.removeprefix(" ")
         if field == "data":
@@ -104,7 +114,7 @@ def _events(text: str) -> Iterator[tuple[str | None, str | None]]:
 
 def _stream_problem(decoded: bytes, path: str) -> str | None:
     try:
-        text = decoded.decode("utf-8")
+        text = decoded.decode("utf-8").removeprefix("\ufeff")  # one byte-order mark may lead
     except UnicodeDecodeError:
         return "the event stream is not UTF-8"
     try:
