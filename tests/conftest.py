@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import structlog
 
+from drivers import KINDS, Driver, MakeDriver
 from redis_server import RedisMissing, RedisServer
+from sidestep._config import SidestepConfigWarning
 from upstream import Upstream
 
 
@@ -39,6 +43,30 @@ def b() -> Iterator[Upstream]:
     server = Upstream(name="b")
     yield server
     server.close()
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each of the four transports: httpx and httpx2, sync and async."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make(kind: str) -> Iterator[MakeDriver]:
+    """Build Drivers of this test's kind (closed after it); `make(config, **transport_kw)`."""
+    drivers: list[Driver] = []
+
+    def build(config: Any = None, **kw: Any) -> Driver:
+        with warnings.catch_warnings():
+            # settings such as failure_threshold: 1 are surprising in production, handy here
+            warnings.simplefilter("ignore", SidestepConfigWarning)
+            driver = Driver(kind, config, **kw)
+        drivers.append(driver)
+        return driver
+
+    yield build
+    for driver in drivers:
+        driver.close()
 
 
 # --- a real Redis for the shared-state tests (helpers in tests/redis_server.py) --------------

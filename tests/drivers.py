@@ -24,6 +24,7 @@ import sidestep.httpx2
 T = TypeVar("T")
 
 KINDS = ("httpx-sync", "httpx-async", "httpx2-sync", "httpx2-async")
+MakeDriver = Callable[..., "Driver"]  # the `make` fixture: a Driver of the test's kind
 
 
 @dataclass

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import warnings
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from drivers import KINDS, Driver, FakeClock, route
+from drivers import FakeClock, MakeDriver, route
 from sidestep._classify import BODY_PREFIX_LIMIT
-from sidestep._config import SidestepConfigWarning
 from sidestep._encodings import decoded_head
 from upstream import Respond, Upstream
 
-MakeDriver = Callable[..., Driver]
 OVERFLOW = {"error": {"code": "context_length_exceeded", "message": "too long"}}
 QUOTA = {"error": {"code": "insufficient_quota", "type": "insufficient_quota"}}
 
@@ -40,22 +37,6 @@ ENCODERS: dict[str, Callable[[bytes], bytes]] = {
     "br": _brotli,
     "zstd": _zstd,
 }
-
-
-@pytest.fixture(params=KINDS)
-def make(request: pytest.FixtureRequest) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(str(request.param), config, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def encoded(status: int, document: dict[str, Any], coding: str) -> Callable[[Any], Respond]:

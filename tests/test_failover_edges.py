@@ -6,46 +6,24 @@ well below what the wrong behaviour would take (the client's own 10 s timeout).
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import sidestep
-from drivers import KINDS, Driver, FakeClock, elapsed, route
+from drivers import Driver, FakeClock, MakeDriver, elapsed, route
 from sidestep._config import SidestepConfigWarning
 from upstream import Hang, Respond, Seen, Stream, Upstream, wait_for
 
-MakeDriver = Callable[..., Driver]
 CLIENT_TIMEOUT = 10.0
 SSE = "text/event-stream"
 RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def make(kind: str) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(kind, config, timeout=CLIENT_TIMEOUT, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
@@ -364,3 +342,9 @@ def test_quick_failed_probes_reopen_for_cooldown_and_a_slow_one_grows_it(
         assert s.retry_in is not None and s.retry_in > 10
     finally:
         d.close()
+
+
+@pytest.fixture
+def make(make: MakeDriver) -> MakeDriver:
+    """The shared `make`, with the caller's own timeout far above every limit under test."""
+    return functools.partial(make, timeout=CLIENT_TIMEOUT)

@@ -4,37 +4,18 @@ from __future__ import annotations
 
 import datetime
 import json
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from drivers import KINDS, Driver, FakeClock, route
+from drivers import Driver, FakeClock, MakeDriver, route
 from sidestep._classify import BODY_PREFIX_LIMIT
-from sidestep._config import SidestepConfigWarning
 from upstream import Respond, Seen, Stream, Upstream
 
-MakeDriver = Callable[..., Driver]
 INITIAL = 5.0  # the rate_limited window when no signal reads
 MAX = 40.0  # the longest rate_limited window
 MODEL = {"model": "m"}
-
-
-@pytest.fixture(params=KINDS)
-def make(request: pytest.FixtureRequest) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(str(request.param), config, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def config(a: Upstream, b: Upstream, **route_extra: Any) -> dict[str, Any]:

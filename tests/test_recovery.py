@@ -8,42 +8,19 @@ answers, as a timeout would have kept the caller waiting.
 from __future__ import annotations
 
 import itertools
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from drivers import KINDS, Driver, FakeClock, route
-from sidestep._config import SidestepConfigWarning
+from drivers import Driver, FakeClock, route
 from upstream import Hang, Respond, Seen, Upstream
 
 OUTAGE = 600.0  # ten simulated minutes
 EVERY = 4.0  # one request every 4 s, as in the report that asked for this
 COOLDOWN = 30.0  # the recommended LLM breaker: failure_threshold 3, cooldown 30s
 THRESHOLD = 3
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def make(kind: str) -> Iterator[Callable[..., Driver]]:
-    drivers: list[Driver] = []
-
-    def build(config: Any, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(kind, config, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 @dataclass

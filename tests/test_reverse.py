@@ -9,34 +9,13 @@ port.
 from __future__ import annotations
 
 import itertools
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from drivers import KINDS, Driver, route
-from sidestep._config import SidestepConfigWarning
+from drivers import MakeDriver, route
 from upstream import Respond, Seen, Upstream
-
-MakeDriver = Callable[..., Driver]
-
-
-@pytest.fixture(params=KINDS)
-def make(request: pytest.FixtureRequest) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(str(request.param), config)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def backup_url(b: Upstream) -> str:

@@ -7,41 +7,18 @@ wait, or the client's own 10 s read timeout.
 
 from __future__ import annotations
 
+import functools
 import socket
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from drivers import KINDS, Driver, elapsed, route
-from sidestep._config import SidestepConfigWarning
+from drivers import MakeDriver, elapsed, route
 from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream
 
-MakeDriver = Callable[..., Driver]
 CLIENT_TIMEOUT = 10.0  # the caller's own timeout: far above every limit under test
 FIRST_BYTE = 1.0
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def make(kind: str) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(kind, config, timeout=CLIENT_TIMEOUT, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
@@ -201,3 +178,9 @@ def test_headers_then_silence_counts_as_a_stall_while_buffering(
     r, took = elapsed(lambda: d.get(a.url + "/v1/x"))
     assert (r.text, a.calls) == ("b", 1)
     assert took < STALL + 1.5
+
+
+@pytest.fixture
+def make(make: MakeDriver) -> MakeDriver:
+    """The shared `make`, with the caller's own timeout far above every limit under test."""
+    return functools.partial(make, timeout=CLIENT_TIMEOUT)

@@ -4,36 +4,15 @@ from __future__ import annotations
 
 import base64
 import json
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import sidestep
-from drivers import KINDS, Driver, route
-from sidestep._config import SidestepConfigWarning
+from drivers import MakeDriver, route
 from sidestep._scopes import is_credential
 from sidestep.logging import REDACTED, redact_value
 from upstream import Respond, Upstream, free_port
-
-MakeDriver = Callable[..., Driver]
-
-
-@pytest.fixture(params=KINDS)
-def make(request: pytest.FixtureRequest) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(str(request.param), config, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def unavailable(_: Any) -> Respond:

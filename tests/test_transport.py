@@ -6,40 +6,13 @@ import json
 import socket
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import sidestep
-from drivers import KINDS, Driver, FakeClock, Result, elapsed, route
-from sidestep._config import SidestepConfigWarning
+from drivers import Driver, FakeClock, MakeDriver, Result, elapsed, route
 from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream, free_port, wait_for
-
-MakeDriver = Callable[..., Driver]
-
-
-@pytest.fixture(params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def make(kind: str) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            # failure_threshold: 1 is surprising in production and handy here
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(kind, config, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:

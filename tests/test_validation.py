@@ -5,8 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
-import warnings
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -14,8 +12,7 @@ import httpx2
 import pytest
 
 import sidestep
-from drivers import KINDS, Driver, route
-from sidestep._config import SidestepConfigWarning
+from drivers import MakeDriver, route
 from sidestep._validate import body_problem
 from upstream import Respond, Stream, Upstream
 
@@ -158,24 +155,6 @@ def test_a_problem_never_quotes_the_body() -> None:
 
 
 # -- through the transports ---------------------------------------------------------------
-
-MakeDriver = Callable[..., Driver]
-
-
-@pytest.fixture(params=KINDS)
-def make(request: pytest.FixtureRequest) -> Iterator[MakeDriver]:
-    drivers: list[Driver] = []
-
-    def build(config: Any = None, **kw: Any) -> Driver:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SidestepConfigWarning)
-            driver = Driver(str(request.param), config, **kw)
-        drivers.append(driver)
-        return driver
-
-    yield build
-    for driver in drivers:
-        driver.close()
 
 
 def complete(a: Upstream, b: Upstream, **route_extra: Any) -> dict[str, Any]:
