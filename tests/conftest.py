@@ -30,6 +30,18 @@ def structlog_as_found() -> Iterator[None]:
 
 
 @pytest.fixture
+def default_structlog() -> Iterator[None]:
+    """structlog as an application that never configured it finds it (sidestep then logs
+    through the standard library); restored afterwards."""
+    configured, saved = structlog.is_configured(), structlog.get_config()
+    structlog.reset_defaults()
+    yield
+    structlog.reset_defaults()
+    if configured:
+        structlog.configure(**saved)
+
+
+@pytest.fixture
 def a() -> Iterator[Upstream]:
     """An upstream on 127.0.0.1 named "a" (answers "a" until a test scripts it)."""
     server = Upstream(name="a")

@@ -280,17 +280,6 @@ def test_no_secret_survives_redaction(case: tuple[dict[str, Any], list[str]]) ->
 # -- emit and observers -------------------------------------------------------------------
 
 
-@pytest.fixture
-def default_structlog() -> Iterator[None]:
-    """structlog as an application that never configured it finds it; restored afterwards."""
-    configured, saved = structlog.is_configured(), structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    structlog.reset_defaults()
-    if configured:
-        structlog.configure(**saved)
-
-
 @pytest.mark.usefixtures("default_structlog")
 def test_emit_prints_nothing_without_any_configuration(capsys: pytest.CaptureFixture[str]) -> None:
     """With no logging configured anywhere, no event of any level reaches stdout or stderr, and emit configures nothing."""

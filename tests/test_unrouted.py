@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import redis
-import structlog
 
 import sidestep
 from drivers import KINDS, Driver, FakeClock, route
@@ -186,18 +185,7 @@ def test_a_dead_proxy_fails_over_without_condemning_the_target(
 # -- logging in an outage -------------------------------------------------------------------
 
 
-@pytest.fixture
-def stdlib_logging() -> Iterator[None]:
-    """structlog as an application that never configured it finds it (events go to stdlib logging)."""
-    configured, saved = structlog.is_configured(), structlog.get_config()
-    structlog.reset_defaults()
-    yield
-    structlog.reset_defaults()
-    if configured:
-        structlog.configure(**saved)
-
-
-@pytest.mark.usefixtures("stdlib_logging")
+@pytest.mark.usefixtures("default_structlog")
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_outage_logs_per_transition_not_per_request(
     kind: str, caplog: pytest.LogCaptureFixture
