@@ -1,9 +1,9 @@
 """Fake LLM upstreams in the OpenAI and Anthropic wire formats, the SDKs that call them, and a proxy.
 
-`llm(name)` is an `Upstream` behaviour answering chat completions and
-messages, as JSON or as a server-sent event stream, with the text
-``"hello from <name>"``. An `Sdk` builds a real SDK client of one colour and
-asks it one question. `ForwardingProxy` is an HTTP proxy on 127.0.0.1 that
+`llm(name)` is an `Upstream` behaviour answering OpenAI chat completions and
+responses and Anthropic messages, as JSON or as a server-sent event stream,
+with the text ``"hello from <name>"``. An `Sdk` builds a real SDK client of
+one colour and asks it one question. `ForwardingProxy` is an HTTP proxy on 127.0.0.1 that
 forwards absolute-form requests and records them.
 
 Nothing here imports sidestep: `sidestep run` tests use this module in child
@@ -117,6 +117,62 @@ def _anthropic_events(pieces: list[str]) -> list[bytes]:
     return [first, *(delta(piece) for piece in pieces[1:]), end]
 
 
+def _responses_json(text: str, status: str = "completed") -> dict[str, Any]:
+    """An OpenAI Responses API response object holding one assistant message with `text`."""
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": status}
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 0,
+        "status": status,
+        "model": "m",
+        "output": [{**message, "content": content}] if text else [],
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "parallel_tool_calls": True,
+        "temperature": 1.0,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": 1.0,
+    }
+
+
+def _responses_events(pieces: list[str]) -> list[bytes]:
+    """A Responses API stream: one output message, a text delta per piece, then response.completed."""
+    numbers = iter(range(1 << 16))
+
+    def event(kind: str, **fields: Any) -> bytes:
+        return _sse({"type": kind, "sequence_number": next(numbers), **fields}, kind)
+
+    text = "".join(pieces)
+    at = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress"}
+    part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+
+    def delta(piece: str) -> bytes:
+        # the delta comes last, so its closing quote and brace end the payload
+        return event("response.output_text.delta", **at, logprobs=[], delta=piece)
+
+    first = (
+        event("response.created", response=_responses_json("", "in_progress"))
+        + event("response.in_progress", response=_responses_json("", "in_progress"))
+        + event("response.output_item.added", output_index=0, item={**item, "content": []})
+        + event("response.content_part.added", **at, part=part)
+        + delta(pieces[0])
+    )
+    done = {**item, "status": "completed", "content": [{**part, "text": text}]}
+    end = (
+        event("response.output_text.done", **at, logprobs=[], text=text)
+        + event("response.content_part.done", **at, part={**part, "text": text})
+        + event("response.output_item.done", output_index=0, item=done)
+        + event("response.completed", response=_responses_json(text))
+    )
+    return [first, *(delta(piece) for piece in pieces[1:]), end]
+
+
 def _faulty(events: list[bytes], fault: str | None) -> list[bytes]:
     """`events` as sent, with one event's JSON broken ("invalid") or the end event left out ("cut")."""
     if fault == "invalid":
@@ -130,7 +186,7 @@ def _faulty(events: list[bytes], fault: str | None) -> list[bytes]:
 def llm(
     name: str, *, release: threading.Event | None = None, fault: str | None = None
 ) -> Behaviour:
-    """Answer both APIs as upstream `name`; a stream holds its later events until `release` is set.
+    """Answer the three APIs as upstream `name`; a stream holds its later events until `release` is set.
 
     `fault` spoils every stream: "invalid" breaks one event's JSON, "cut" ends
     it before its end event.
@@ -151,6 +207,11 @@ def llm(
                 events = _faulty(_anthropic_events(pieces), fault)
                 return Stream(events, headers=sse, release=release)
             return Respond(body=_anthropic_json(text))
+        if seen.path.endswith("/responses"):
+            if streaming:
+                events = _faulty(_responses_events(pieces), fault)
+                return Stream(events, headers=sse, release=release)
+            return Respond(body=_responses_json(text))
         return Respond(404, {"error": "not found"})
 
     return behaviour
