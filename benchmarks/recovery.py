@@ -9,7 +9,7 @@ a `first_byte_timeout: 10s` would; the upstream moves the clock on before it
 answers). Recovery is placed at several phases of the probe schedule (600 s
 plus a few seconds), and each setting runs once per phase.
 
-Reported per breaker setting (all with the README's LLM breaker,
+Reported per breaker setting (all with the LLM breaker of docs/sdks.md,
 ``failure_threshold: 3, cooldown: 30s``): probes that reached the dead
 primary after its circuit opened, the caller time they cost, and the seconds
 from recovery to the first request the primary served (median and worst over

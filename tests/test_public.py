@@ -1,4 +1,4 @@
-"""The public surface and the README's configuration examples stay what they say."""
+"""The public surface and the documentation's configuration examples stay what they say."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ import sidestep
 from sidestep._classify import Exchange, Kind, classify
 from sidestep._config import SidestepConfigWarning
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+# The README and every page of the documentation site.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+YAML_BLOCKS = [
+    block for page in PAGES for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)
+]
 
 
 def test_public_names_are_pinned() -> None:
@@ -72,11 +77,11 @@ def test_suspended_error_is_a_transport_error_of_both_flavours() -> None:
     assert isinstance(error, sidestep.SidestepError)
 
 
-@pytest.mark.parametrize("block", re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S))
-def test_readme_configurations_load(
+@pytest.mark.parametrize("block", YAML_BLOCKS)
+def test_documented_configurations_load(
     block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every YAML configuration the README shows is valid as written."""
+    """Every YAML configuration the README and docs/*.md show is valid as written."""
     for name in set(re.findall(r"\$\{(\w+)\}", block)):
         monkeypatch.setenv(name, "a-placeholder-value")
     path = tmp_path / "sidestep.yaml"
@@ -107,9 +112,9 @@ def test_readme_configurations_load(
         (422, Kind.NEUTRAL, False),
     ],
 )
-def test_readme_classification_table_matches_the_code(
+def test_documented_classification_table_matches_the_code(
     status: int, kind: Kind, failover: bool
 ) -> None:
-    """The rows of the README's table, for bodies that carry no special signal."""
+    """The rows of the table in docs/requests.md, for bodies that carry no special signal."""
     verdict = classify(Exchange(method="POST", request_headers={}, status=status))
     assert (verdict.kind, verdict.failover) == (kind, failover)

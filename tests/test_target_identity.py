@@ -124,7 +124,7 @@ def test_a_host_matches_its_route_in_either_spelling(
 
 
 def two_keys(a: Upstream) -> dict[str, Any]:
-    """The README's two-keys-one-origin route: main-key sends the caller's key, second-key its own."""
+    """The two-keys-one-origin route of docs/sdks.md: main-key sends the caller's key, second-key its own."""
     return route(
         ("main-key", a.url + "/v1"),
         ("second-key", a.url + "/v1"),
