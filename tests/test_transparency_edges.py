@@ -90,7 +90,7 @@ def test_streamed_response_headers_arrive_before_the_first_body_byte() -> None:
 
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         go.wait(2)  # the event comes once the caller has seen the headers
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
@@ -111,7 +111,7 @@ async def test_async_streamed_response_headers_arrive_before_the_first_body_byte
 
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         go.wait(2)
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
@@ -133,7 +133,7 @@ def test_a_long_poll_whose_caller_waits_for_headers_opens_no_circuit() -> None:
     def long_poll(conn: socket.socket) -> None:
         gate = next(served)
         read_head(conn)
-        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
         gate.wait(2)
         conn.sendall(b"2\r\nok\r\n0\r\n\r\n")
 
@@ -205,7 +205,7 @@ def test_unrouted_multipart_file_upload_is_streamed_not_buffered() -> None:
             if not chunk:
                 break
             tail = (tail + chunk)[-5:]
-        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
 
     with raw_server(receive) as url, httpx.Client(timeout=30.0) as client:
         response = client.post(url + "/upload", files={"f": ("big.bin", upload)})
