@@ -51,11 +51,8 @@ def decoded_head(chunks: Sequence[bytes], content_encoding: str | None, limit: i
     b'quota'
     """
     raw = b"".join(chunks)[:limit]
-    if not content_encoding:
-        return raw
-    codings = [c.strip().lower() for c in content_encoding.split(",")]
-    codings = [c for c in codings if c and c != "identity"]
-    if len(codings) > _MAX_LAYERS:
+    codings = _codings(content_encoding)
+    if codings is None:
         return raw
     data = raw
     for coding in reversed(codings):  # the last applied is the first undone
@@ -67,6 +64,13 @@ def decoded_head(chunks: Sequence[bytes], content_encoding: str | None, limit: i
         except Exception:  # corrupt or mislabelled: the client will say so; read it as it came
             return raw
     return data
+
+
+def _codings(content_encoding: str | None) -> list[str] | None:
+    """The layers of a ``Content-Encoding``, as applied; None past the layers undone here."""
+    codings = [c.strip().lower() for c in (content_encoding or "").split(",")]
+    codings = [c for c in codings if c and c != "identity"]
+    return codings if len(codings) <= _MAX_LAYERS else None
 
 
 class Undecodable(ValueError):
@@ -87,9 +91,8 @@ def decoded_body(body: bytes, content_encoding: str | None, limit: int) -> bytes
     """
     if not content_encoding:
         return body
-    codings = [c.strip().lower() for c in content_encoding.split(",")]
-    codings = [c for c in codings if c and c != "identity"]
-    if len(codings) > _MAX_LAYERS:
+    codings = _codings(content_encoding)
+    if codings is None:
         return None
     data = body
     for coding in reversed(codings):

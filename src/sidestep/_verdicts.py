@@ -23,7 +23,7 @@ from ._errors import CandidateStatus
 from ._routes import CompiledTarget
 from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run
 from ._scopes import ScopeKind
-from ._store import Admission, Ticket, Transition
+from ._store import Admission, Refusal, Ticket, Transition
 from .logging import emit
 
 __all__ = ["Verdicts"]
@@ -185,28 +185,12 @@ class Verdicts(CoreState):
         retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
         status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
         run.skipped.append((status, refusal.retry_at if refusal.state is State.OPEN else None))
-        emit(
-            "candidate.skipped",
-            route=run.route_name,
-            target=target.name,
-            scope=refusal.scope.kind.value,
-            state=refusal.state.value,
-            reason=refusal.reason,
-            retry_in_s=retry_in,
-        )
+        _skipped(run, target, refusal, retry_in_s=retry_in)
 
     def _observe_skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
         refusal = admission.refusal
         assert refusal is not None
-        emit(
-            "candidate.skipped",
-            route=run.route_name,
-            target=target.name,
-            scope=refusal.scope.kind.value,
-            state=refusal.state.value,
-            reason=refusal.reason,
-            enforced=False,
-        )
+        _skipped(run, target, refusal, enforced=False)
 
     def _announce(
         self, transitions: tuple[Transition, ...], target: CompiledTarget, run: Run
@@ -223,3 +207,16 @@ class Verdicts(CoreState):
                 failures=t.failures,
                 retry_in_s=t.retry_in,
             )
+
+
+def _skipped(run: Run, target: CompiledTarget, refusal: Refusal, **fields: Any) -> None:
+    """The `candidate.skipped` event: refused, or (observe mode) sent as if it had been."""
+    emit(
+        "candidate.skipped",
+        route=run.route_name,
+        target=target.name,
+        scope=refusal.scope.kind.value,
+        state=refusal.state.value,
+        reason=refusal.reason,
+        **fields,
+    )
