@@ -31,12 +31,11 @@ from typing import Any
 import anyio
 import pytest
 from werkzeug.http import parse_dict_header
-from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 import sidestep
 from proxy import Proxy, dead_proxy_url
-from servers import _QuietHandler
+from servers import serve_wsgi
 
 FLAVOURS = [name for name in ("httpx", "httpx2") if importlib.util.find_spec(name) is not None]
 KINDS = ("sync", "asyncio", "trio")
@@ -225,20 +224,6 @@ def _echo(request: Request, body: bytes) -> dict[str, Any]:
     }
 
 
-@contextlib.contextmanager
-def serve(app: Origin) -> Iterator[str]:
-    """Serve `app` with werkzeug's threaded HTTP/1.1 server on a free loopback port."""
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
-
-
 # --- one uniform client face over sync and async clients ------------------------------------
 
 
@@ -394,7 +379,7 @@ class World:
 @contextlib.contextmanager
 def world() -> Iterator[World]:
     origins = {"a": Origin("a"), "b": Origin("b")}
-    with serve(origins["a"]) as a, serve(origins["b"]) as b:
+    with serve_wsgi(origins["a"]) as a, serve_wsgi(origins["b"]) as b:
         proxy = Proxy()
         try:
             yield World(a, b, origins, proxy, dead_proxy_url())

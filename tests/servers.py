@@ -71,6 +71,7 @@ def serve_wsgi(app: WSGIApplication) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(_STOP_TIMEOUT)
+        server.server_close()
 
 
 def read_cut_off(client: httpx.Client, path: str) -> tuple[int, bytes]:
