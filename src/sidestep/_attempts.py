@@ -26,7 +26,8 @@ from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeFacts, ScopeKind
-from ._store import Admission, MemoryStore, StateStore, Ticket
+from ._store import Admission, StateStore, Ticket
+from ._store_config import build_store
 from ._validate import body_problem
 from ._verdicts import Verdicts
 from .logging import emit
@@ -54,7 +55,7 @@ class Core(Candidacy, Verdicts, Endings):
     ) -> None:
         self.config = as_config(config)
         self.router = Router(self.config)
-        self.store: StateStore = store if store is not None else MemoryStore()
+        self.store: StateStore = store if store is not None else build_store(self.config.store)
         self.clock: Clock = clock or time.monotonic
         self.flavour = flavour
         self.breaker = self.config.breaker
