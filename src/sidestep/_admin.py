@@ -3,7 +3,7 @@
 `handle` takes one request's method, path, query, ``Authorization`` header
 and peer, and yields the store operations it needs (`ListRows`, `ClearRow`)
 to the shell that performs them, sync (WSGI) or async (ASGI), then returns
-the `Answer`. It also emits the ``suspension.cleared`` audit event.
+the `Answer`. Clearing names who asked: the audit event's ``who``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from ._listing import Suspension, as_json, matches
-from .logging import emit
 
 __all__ = ["Answer", "ClearRow", "ListRows", "Token", "handle", "tokens_of"]
 
@@ -89,6 +88,7 @@ class ClearRow:
     """Effect: clear `scope_id`; the row as it was (or None) and the store's clock reading."""
 
     scope_id: str
+    who: str  # the token's name and the peer: the audit record's
 
 
 @dataclass(frozen=True)
@@ -132,17 +132,9 @@ def handle(
             return _not_allowed("DELETE")
         if not who.may_clear:
             return _json(403, {"error": "forbidden"})
-        row, now = yield ClearRow(path[len("/suspensions/") :])
+        row, now = yield ClearRow(path[len("/suspensions/") :], f"{who.name}@{peer}")
         if row is None:
             return _json(404, {"error": "not_found"})
-        emit(
-            "suspension.cleared",
-            target=row.target,
-            route=row.route,
-            scope=row.scope,
-            reason=row.reason,
-            who=f"{who.name}@{peer}",
-        )
         return _json(200, as_json(row, now, time.time()))
     return _json(404, {"error": "not_found"})
 

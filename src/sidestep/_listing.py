@@ -9,6 +9,7 @@ credential, a fingerprint, a URL path or a query.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -19,6 +20,7 @@ from typing import Any
 from ._circuit import State
 from ._routes import Router
 from ._store import ScopeStatus, StateStore
+from .logging import emit
 
 __all__ = ["Listing", "Suspension", "as_json", "matches", "suspensions"]
 
@@ -133,14 +135,34 @@ class Listing:
         snapshot = await self.store.snapshot_async(self.clock())
         return suspensions(snapshot, self.router, self.store)
 
-    def clear(self, scope_id: str) -> Suspension | None:
-        """Clear one scope; its row as it was, or None when no such scope is unhealthy."""
-        row = _find(self.suspensions(), scope_id)
-        return row if row is not None and self.store.clear(scope_id) else None
+    def clear(self, scope_id: str, who: str) -> Suspension | None:
+        """Clear one scope; its row as it was, or None when no such scope is unhealthy.
 
-    async def aclear(self, scope_id: str) -> Suspension | None:
+        `who` (a token's name and peer, or the command line's user) goes into the
+        ``suspension.cleared`` event, the audit record.
+        """
+        row = _find(self.suspensions(), scope_id)
+        return _cleared(row, who) if row is not None and self.store.clear(scope_id) else None
+
+    async def aclear(self, scope_id: str, who: str) -> Suspension | None:
         row = _find(await self.asuspensions(), scope_id)
-        return row if row is not None and await self.store.clear_async(scope_id) else None
+        if row is not None and await self.store.clear_async(scope_id):
+            return _cleared(row, who)
+        return None
+
+
+def _cleared(row: Suspension, who: str) -> Suspension:
+    emit(
+        "suspension.cleared",
+        logging.WARNING,  # an operator's hand on the circuits: shown where warnings are
+        scope_id=row.scope_id,
+        route=row.route,
+        target=row.target,
+        scope=row.scope,
+        reason=row.reason,
+        who=who,
+    )
+    return row
 
 
 def _find(rows: list[Suspension], scope_id: str) -> Suspension | None:

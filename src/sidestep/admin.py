@@ -104,7 +104,7 @@ def app(
                     rows = await view.asuspensions()
                     reply = (rows, view.routes(), view.clock())
                 else:
-                    reply = (await view.aclear(effect.scope_id), view.clock())
+                    reply = (await view.aclear(effect.scope_id, effect.who), view.clock())
         except StopIteration as done:
             answer: Answer = done.value
         response = Response(answer.body, answer.status)
@@ -154,7 +154,7 @@ def wsgi_app(
                 if isinstance(effect, ListRows):
                     reply = (view.suspensions(), view.routes(), view.clock())
                 else:
-                    reply = (view.clear(effect.scope_id), view.clock())
+                    reply = (view.clear(effect.scope_id, effect.who), view.clock())
         except StopIteration as done:
             answer: Answer = done.value
         start_response(f"{answer.status} {_REASONS[answer.status]}", answer.headers)
