@@ -107,8 +107,9 @@ def _config_option(parser: argparse.ArgumentParser) -> None:
 # --- suspensions and clear ------------------------------------------------------------------
 
 
-def operate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def operate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `suspensions` or `clear`; the exit status."""
+    out = out or sys.stdout
     name = f"sidestep {args.command}"
     if args.admin_url:
         return _remote(args, name, out)
@@ -235,8 +236,9 @@ def _fail(name: str, message: str, status: int) -> int:
 # --- doctor ---------------------------------------------------------------------------------
 
 
-def doctor(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def doctor(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run `doctor`; 0, 1 with --strict when a finding warns, 2 for an invalid configuration."""
+    out = out or sys.stdout
     path = args.config or os.environ.get("SIDESTEP_CONFIG")
     if not path:
         return _fail("sidestep doctor", "no configuration: -c FILE (or SIDESTEP_CONFIG)", _USAGE)
