@@ -44,6 +44,7 @@ from sidestep._config import (
     SuspensionWindow,
     Target,
 )
+from sidestep._store_config import MemoryStoreSettings, RedisStoreSettings, StoreSettings
 from upstream import Respond, Upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +152,9 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
         {"name": "r", "targets": [{"name": "t", "url": "https://a.example"}]},
     ),
     "`routes[].targets[]`": (Target, {"name": "t", "url": "https://a.example"}),
+    "`store`": (StoreSettings, {}),
+    "`store.memory`": (MemoryStoreSettings, {}),
+    "`store.redis`": (RedisStoreSettings, {"url": "redis://localhost"}),
 }
 
 
