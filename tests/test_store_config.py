@@ -4,6 +4,9 @@ stores' own, and the store that install() and the transports build from it."""
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from sidestep._config import as_config
 from sidestep._store_config import MemoryStoreSettings, RedisStoreSettings, build_store
 
 PASSWORD = "S3CR3Tstorepassword"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_defaults_are_the_stores_own() -> None:
@@ -100,3 +104,35 @@ def test_install_uses_the_configured_store_and_keeps_it_while_it_is_the_same(
         sidestep.uninstall()
         if first is not None:
             first.close()
+
+
+def test_sidestep_run_installs_the_configured_store(tmp_path: Path, redis_url: str) -> None:
+    """A program started by `sidestep run` with a file naming Redis has a RedisStore installed, with the file's prefix, in its own interpreter."""
+    path = tmp_path / "sidestep.yaml"
+    path.write_text(f"store: {{redis: {{url: '{redis_url}', prefix: run-prefix}}}}\n")
+    program = (
+        "import sidestep._adopt as adopt; s = adopt._installed.store; "
+        "print(type(s).__name__, s._prefix)"
+    )
+    done = subprocess.run(  # noqa: S603  # our own interpreter and module
+        [
+            sys.executable,
+            "-m",
+            "sidestep",
+            "run",
+            "-c",
+            str(path),
+            "--",
+            sys.executable,
+            "-c",
+            program,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["RedisStore", "run-prefix"]
+    assert PASSWORD not in done.stderr
