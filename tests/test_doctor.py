@@ -170,3 +170,16 @@ def test_doctor_never_calls_an_upstream(
     status, found, _ = doctor(capsys, tmp_path, yaml, "--online")
     assert status == 0 and found
     assert a.calls == 0 and a.connections == 0
+
+
+def test_the_configurations_own_warnings_are_findings(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A legal but surprising setting (a 50 ms cooldown, failure_threshold 1) is a `config` warning, and --strict fails on it."""
+    yaml = "breaker: {cooldown: 50ms, failure_threshold: 1}\n"
+    status, found, _ = doctor(capsys, tmp_path, yaml, "--strict")
+    assert status == 1
+    reasons = [f["reason"] for f in found["config"]]
+    assert statuses(found, "config") == ["warn", "warn"]
+    assert any("cooldown is under 100ms" in r for r in reasons)
+    assert any("failure_threshold is 1" in r for r in reasons)

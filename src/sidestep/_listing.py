@@ -46,7 +46,7 @@ class Suspension:
     retry_in: float | None
     route: str | None = None
     targets: tuple[tuple[str, str], ...] = ()
-    opened_at: float | None = None  # on the transport's clock; None when the store cannot tell
+    opened_at: float | None = None  # on the transport's clock; None while open until cleared
 
 
 def suspensions(
@@ -90,7 +90,7 @@ def matches(row: Suspension, filters: Mapping[str, str]) -> bool:
 def as_json(row: Suspension, now: float, wall: float) -> dict[str, Any]:
     """The row as the admin API and the CLI show it; `now` on the store's clock, `wall` epoch time.
 
-    ``opened_at`` is an ISO 8601 UTC time (None when the store cannot tell);
+    ``opened_at`` is an ISO 8601 UTC time (None for a scope open until cleared);
     ``retry_in`` is seconds (None: open until cleared; 0 when not open).
     """
     opened = None

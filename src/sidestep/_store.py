@@ -107,7 +107,7 @@ class ScopeStatus:
     failures: int
     retry_at: float
     retry_in: float | None
-    opened_at: float | None = None  # when its current window began; None when not known
+    opened_at: float | None = None  # when its current window began; None when it has no end
 
 
 class StateStore(Protocol):
