@@ -34,10 +34,10 @@ from ._transport import _Shell
 if TYPE_CHECKING:
     pass
 
-__all__ = ["Token", "app", "listing", "wsgi_app"]
+__all__ = ["Token", "app", "wsgi_app"]
 
 
-def listing(source: Any, config: Config | None = None) -> Listing:
+def _listing_of(source: Any, config: Config | None) -> Listing:
     """The `Listing` of a transport (its store, routes and clock) or of a store.
 
     A store alone knows no route or target names: give the `config` whose routes
@@ -74,7 +74,7 @@ def app(
         ImportError: Starlette is not installed (``pip install 'sidestep[admin]'``).
     """
     tokens = tokens_of(token, allow_unauthenticated)
-    view = listing(source, config)
+    view = _listing_of(source, config)
     try:
         from starlette.applications import Starlette
         from starlette.requests import Request
@@ -133,7 +133,7 @@ def wsgi_app(
     ``flask_app.wsgi_app = DispatcherMiddleware(flask_app.wsgi_app, {"/sidestep": admin})``.
     """
     tokens = tokens_of(token, allow_unauthenticated)
-    view = listing(source, config)
+    view = _listing_of(source, config)
 
     def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         # PEP 3333 hands the decoded path over as latin-1
