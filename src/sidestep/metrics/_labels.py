@@ -38,6 +38,11 @@ class Instrument:
     description: str
     unit: str = "1"
 
+    @property
+    def exposed(self) -> str:
+        """The name Prometheus shows: a counter's ends in ``_total``."""
+        return f"{self.prometheus}_total" if self.kind == "counter" else self.prometheus
+
 
 REQUESTS = Instrument(
     "sidestep_requests",
