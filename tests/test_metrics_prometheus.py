@@ -42,15 +42,23 @@ def test_counters_move_through_an_outage(
     d = make(config, clock=clock)
     assert d.get(a.url + "/v1/x").text == "a"
     assert value(registry, "sidestep_requests_total", route="chat", outcome="served") == 1
-    assert value(registry, "sidestep_attempts_total", route="chat", target="a", result="success") == 1
+    assert (
+        value(registry, "sidestep_attempts_total", route="chat", target="a", result="success") == 1
+    )
     assert value(registry, "sidestep_attempt_duration_seconds_count", route="chat", target="a") == 1
 
     a.behaviour = unavailable
     assert d.get(a.url + "/v1/x").text == "b"  # A fails and opens; B answers
     outcome = "served_after_failover"
     assert value(registry, "sidestep_requests_total", route="chat", outcome=outcome) == 1
-    assert value(registry, "sidestep_attempts_total", route="chat", target="a", result="unavailable") == 1
-    assert value(registry, "sidestep_failovers_total", route="chat", from_target="a", to_target="b") == 1
+    assert (
+        value(registry, "sidestep_attempts_total", route="chat", target="a", result="unavailable")
+        == 1
+    )
+    assert (
+        value(registry, "sidestep_failovers_total", route="chat", from_target="a", to_target="b")
+        == 1
+    )
     opened = {"target": "a", "scope": "origin", "reason": "unavailable"}
     transition = {**opened, "from_state": "closed", "to_state": "open"}
     assert value(registry, "sidestep_circuit_transitions_total", **transition) == 1
@@ -68,7 +76,16 @@ def test_counters_move_through_an_outage(
     assert value(registry, "sidestep_probes_admitted_total", target="a", scope="origin") == 1
     closed = {"target": "a", "scope": "origin", "reason": "unavailable"}
     assert value(registry, "sidestep_suspended", **closed) == 0
-    assert value(registry, "sidestep_circuit_transitions_total", **closed, from_state="half_open", to_state="closed") == 1
+    assert (
+        value(
+            registry,
+            "sidestep_circuit_transitions_total",
+            **closed,
+            from_state="half_open",
+            to_state="closed",
+        )
+        == 1
+    )
     assert value(registry, "sidestep_requests_total", route="chat", outcome="served") == 2
 
 
@@ -96,7 +113,10 @@ def test_connection_errors_count_as_error_outcomes(
     with pytest.raises(Exception, match="onnect"):
         d.get(dead + "/v1/x")
     assert value(registry, "sidestep_requests_total", route="chat", outcome="error") == 1
-    assert value(registry, "sidestep_attempts_total", route="chat", target="a", result="unavailable") == 1
+    assert (
+        value(registry, "sidestep_attempts_total", route="chat", target="a", result="unavailable")
+        == 1
+    )
 
 
 def test_unrouted_traffic_is_labelled_by_origin_up_to_a_cap(
@@ -112,7 +132,9 @@ def test_unrouted_traffic_is_labelled_by_origin_up_to_a_cap(
         assert secret not in text
     measures = Measures(max_origins=1)
     first = measures("attempt.finished", {"route": None, "target": "http://x", "result": "success"})
-    second = measures("attempt.finished", {"route": None, "target": "http://y", "result": "success"})
+    second = measures(
+        "attempt.finished", {"route": None, "target": "http://y", "result": "success"}
+    )
     assert first[0][1] == ("", "http://x", "success")
     assert second[0][1] == ("", "other", "success")
 
