@@ -7,20 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
+from scrape import samples
 from servers import serve_gunicorn
 from upstream import Respond, Seen, Upstream, wait_for
 
 CALLS = 12
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    found = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return found
 
 
 def test_two_workers_add_up_and_the_gauge_counts_each_workers_suspension(
