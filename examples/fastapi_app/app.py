@@ -80,7 +80,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
 
 app = FastAPI(lifespan=lifespan)
 app.add_middleware(sidestep.asgi.SuspensionMiddleware)
-# sidestep's metrics (`observability: {prometheus: true}` in sidestep.yaml), for Prometheus to scrape.
+# sidestep's metrics (`observability: {prometheus: true}` in sidestep.yaml), to scrape.
 app.mount("/metrics", prometheus_client.make_asgi_app())
 
 
