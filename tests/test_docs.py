@@ -44,6 +44,7 @@ from sidestep._config import (
     SuspensionWindow,
     Target,
 )
+from sidestep._observability import Observability
 from upstream import Respond, Upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,6 +146,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     "`breaker.failure_rate`": (FailureRate, {"threshold": 0.5}),
     "`failover`": (FailoverPolicy, {}),
     "`suspensions`": (Suspensions, {}),
+    "`observability`": (Observability, {}),
     "A suspension window": (SuspensionWindow, {"initial": 1, "max": None}),
     "`routes[]`": (
         Route,

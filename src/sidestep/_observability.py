@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from pydantic import BaseModel, ConfigDict, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationInfo, field_validator
 
 __all__ = ["Observability"]
 
@@ -33,9 +33,10 @@ class Observability(BaseModel):
     def enabled(self) -> bool:
         return self.prometheus or self.otel
 
-    @model_validator(mode="after")
-    def _check_extras(self) -> Observability:
-        for switch, (module, extra) in _NEEDS.items():
-            if getattr(self, switch) and importlib.util.find_spec(module) is None:
-                raise ValueError(f"{switch}: true needs the {extra} extra: pip install '{extra}'")
-        return self
+    @field_validator("prometheus", "otel")
+    @classmethod
+    def _check_extra(cls, on: bool, info: ValidationInfo) -> bool:
+        module, extra = _NEEDS[str(info.field_name)]
+        if on and importlib.util.find_spec(module) is None:
+            raise ValueError(f"needs the {extra} extra: pip install '{extra}'")
+        return on
