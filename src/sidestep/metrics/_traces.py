@@ -47,6 +47,7 @@ class Spans:
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
         self._open: ContextVar[tuple[_Open, ...]] = ContextVar(f"sidestep_spans_{id(self)}")
+        self._servers: dict[str, tuple[str, int] | tuple[()]] = {}
 
     def __call__(self, event: str, fields: Mapping[str, Any], /) -> None:
         if event == "attempt.started":
@@ -95,14 +96,11 @@ class Spans:
                 attributes["http.request.resend_count"] = number - 1
         origin = fields.get("origin")
         if isinstance(origin, str):
-            parts = urlsplit(origin)
-            if parts.hostname:
-                attributes["server.address"] = parts.hostname
-                try:
-                    port = parts.port
-                except ValueError:
-                    port = None
-                attributes["server.port"] = port or (443 if parts.scheme == "https" else 80)
+            server = self._servers.get(origin)
+            if server is None:
+                server = self._servers[origin] = _server(origin)  # routed targets: bounded
+            if server:
+                attributes["server.address"], attributes["server.port"] = server
         if fields.get("probe"):
             attributes["sidestep.probe"] = True
         name = f"sidestep {fields.get('route')} {target}"
@@ -136,6 +134,18 @@ class Spans:
             span.set_attribute("error.type", str(fields.get("error") or outcome))
             span.set_status(Status(StatusCode.ERROR, str(outcome)))
         span.end()
+
+
+def _server(origin: str) -> tuple[str, int] | tuple[()]:
+    """(`server.address`, `server.port`) of an origin; () when it has no host."""
+    parts = urlsplit(origin)
+    if not parts.hostname:
+        return ()
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
 def _event_attributes(fields: Mapping[str, Any]) -> dict[str, Any]:
