@@ -14,7 +14,7 @@ from drivers import MakeDriver, route
 from sidestep._attempts import Core
 from sidestep._effects import Send
 from sidestep.logging import add_observer, listening, remove_observer
-from upstream import Respond, Upstream
+from upstream import Hang, Respond, Upstream
 
 Seen = list[tuple[str, dict[str, Any]]]
 
@@ -129,3 +129,34 @@ def test_a_closed_generator_still_finishes_its_attempt_and_request(seen: Seen) -
     steps.close()
     ends = [(e, f.get("result") or f.get("outcome")) for e, f in seen if e.endswith(".finished")]
     assert ends == [("attempt.finished", "cancelled"), ("request.finished", "cancelled")]
+
+
+@pytest.mark.parametrize(
+    ("action", "extra", "result"),
+    [
+        (Respond(503, "down"), {}, "unavailable"),
+        (Respond(429, "slow down"), {}, "rate_limited"),
+        (Respond(404, "no such thing"), {}, "neutral"),
+        (
+            Respond(200, "{not json", {"content-type": "application/json"}),
+            {"route": {"commit": "complete"}},
+            "invalid_body",
+        ),
+        (Hang(), {"failover": {"first_byte_timeout": 0.2}}, "timeout"),
+    ],
+)
+def test_each_attempt_result_is_named(
+    make: MakeDriver,
+    a: Upstream,
+    b: Upstream,
+    seen: Seen,
+    action: Any,
+    extra: dict[str, Any],
+    result: str,
+) -> None:
+    """An attempt's `result` names what happened to it: an outage, a rate limit, a client error, a malformed body, a timeout."""
+    a.behaviour = lambda s: action
+    d = make(route(("a", a.url + "/v1"), ("b", b.url + "/v1"), **extra))
+    d.get(a.url + "/v1/x")
+    first = next(f for e, f in seen if e == "attempt.finished")
+    assert (first["target"], first["result"]) == ("a", result)
