@@ -44,6 +44,7 @@ from sidestep._config import (
     SuspensionWindow,
     Target,
 )
+from sidestep._observability import Observability
 from sidestep._store_config import MemoryStoreSettings, RedisStoreSettings, StoreSettings
 from upstream import Respond, Upstream
 
@@ -146,6 +147,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     "`breaker.failure_rate`": (FailureRate, {"threshold": 0.5}),
     "`failover`": (FailoverPolicy, {}),
     "`suspensions`": (Suspensions, {}),
+    "`observability`": (Observability, {}),
     "A suspension window": (SuspensionWindow, {"initial": 1, "max": None}),
     "`routes[]`": (
         Route,

@@ -30,7 +30,8 @@ from ._store import Admission, StateStore, Ticket
 from ._store_config import build_store
 from ._validate import body_problem
 from ._verdicts import Verdicts
-from .logging import emit
+from ._watch import Watching
+from .logging import emit, listening
 
 __all__ = ["Core"]
 
@@ -41,7 +42,7 @@ def _never(url: Any) -> bool:
     return False
 
 
-class Core(Candidacy, Verdicts, Endings):
+class Core(Candidacy, Verdicts, Endings, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
 
     def __init__(
@@ -79,6 +80,10 @@ class Core(Candidacy, Verdicts, Endings):
         self._origins: dict[tuple[str, str, int | None], str] = {}
         self._own: dict[str, Candidates] = {}
         self._matched: dict[tuple[str, str], Candidates] = {}
+        if self.config.observability.enabled:
+            from .metrics import enable_configured  # only what the configuration asks for
+
+            enable_configured(self.config.observability)
 
     def __repr__(self) -> str:
         return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"
@@ -88,9 +93,14 @@ class Core(Candidacy, Verdicts, Endings):
     def handle(self, request: Any) -> Generator[Any, Any, Any]:
         """Drive one request to its response (or error), yielding effects for the shell.
 
-        Each candidate in order: admission, rewrite, attempts, verdict.
+        Each candidate in order: admission, rewrite, attempts, verdict; between
+        the request's and its attempts' events (`_watch`) when someone listens.
         """
         run = self._start(request)
+        return self._watched(run) if listening() else self._loop(run)
+
+    def _loop(self, run: Run) -> Generator[Any, Any, Any]:
+        request = run.request
         try:
             for index, target in enumerate(run.cands.targets):
                 if run.attempts >= run.policy.max_total_attempts or (
@@ -124,6 +134,8 @@ class Core(Candidacy, Verdicts, Endings):
                     self._skip(run, target, admission)
                     continue
                 ticket = admission.ticket
+                if ticket.probes and run.watched:
+                    self._admitted(run, target, ticket)
                 outcome: Outcome | None = None
                 try:
                     if admission.transitions:
@@ -141,7 +153,8 @@ class Core(Candidacy, Verdicts, Endings):
                         )
                     if run.policy.max_attempts_per_target == 1:
                         run.attempts += 1
-                        outcome = yield from self._attempt(run, target, sent, ticket)
+                        attempt = self._watched_attempt if run.watched else self._attempt
+                        outcome = yield from attempt(run, target, sent, ticket)
                     else:
                         outcome = yield from self._try_target(run, target, sent, ticket)
                     run.tried += 1
@@ -207,7 +220,8 @@ class Core(Candidacy, Verdicts, Endings):
                 if wait > 0:
                     yield Sleep(wait)
             run.attempts += 1
-            outcome = yield from self._attempt(run, target, request, ticket)
+            attempt = self._watched_attempt if run.watched else self._attempt
+            outcome = yield from attempt(run, target, request, ticket)
             if outcome.committed or not self._retryable(outcome.verdict):
                 return outcome
             if run.attempts >= policy.max_total_attempts or self._expired(run):

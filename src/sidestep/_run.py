@@ -41,9 +41,11 @@ class Run:
         "last_target",
         "policy",
         "request",
+        "result",
         "sent_at",
         "skipped",
         "tried",
+        "watched",
     )
 
     def __init__(
@@ -68,6 +70,8 @@ class Run:
         # each skipped target's status, and the end of its open window (None: half-open)
         self.skipped: list[tuple[CandidateStatus, float | None]] = []
         self.sent_at = 0.0  # when the latest attempt started, on the core's clock
+        self.watched = False  # someone listens: attempt and request events are emitted
+        self.result = ""  # the latest attempt's result, as `attempt.finished` named it
 
     @property
     def route_name(self) -> str | None:

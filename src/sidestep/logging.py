@@ -28,6 +28,7 @@ __all__ = [
     "Observer",
     "add_observer",
     "emit",
+    "listening",
     "mask_text",
     "origin_of_url",
     "redact",
@@ -291,6 +292,16 @@ def remove_observer(observer: Observer) -> None:
     global _observers
     with _observers_lock:
         _observers = tuple(o for o in _observers if o != observer)
+
+
+def listening(level: int = logging.DEBUG) -> bool:
+    """Whether an event at ``level`` would reach anyone: an observer or a logger.
+
+    The core asks before it builds the fields of its per-request events
+    (``attempt.*``, ``request.*``), so that with no observer and no logger
+    at ``level`` they cost one call and nothing else.
+    """
+    return bool(_observers) or structlog.is_configured() or _logger.isEnabledFor(level)
 
 
 def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
