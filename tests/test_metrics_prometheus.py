@@ -152,3 +152,49 @@ def test_enable_is_idempotent_and_refuses_a_second_registry(registry: CollectorR
     prometheus.enable(registry)
     with pytest.raises(ValueError, match="enabled already"):
         prometheus.enable(CollectorRegistry())
+
+
+def test_a_scope_cleared_by_hand_leaves_the_suspended_gauge(
+    make: MakeDriver, a: Upstream, b: Upstream, registry: CollectorRegistry
+) -> None:
+    """`transport.clear()` emits `suspension.cleared`, which takes the scope off the gauge; clearing it again changes nothing."""
+    a.behaviour = unavailable
+    d = make(
+        route(("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1}),
+        clock=FakeClock(),
+    )
+    assert d.get(a.url + "/v1/x").text == "b"
+    opened = {"target": "a", "scope": "origin", "reason": "unavailable"}
+    assert value(registry, "sidestep_suspended", **opened) == 1
+    (row,) = d.transport.suspensions()
+    assert d.transport.clear(row.scope_id) is True
+    assert value(registry, "sidestep_suspended", **opened) == 0
+    assert d.transport.clear(row.scope_id) is False
+    assert value(registry, "sidestep_suspended", **opened) == 0
+
+
+def test_two_scopes_of_one_target_and_kind_count_apart() -> None:
+    """The gauge follows scopes by id: two models of one target open at once count twice, and closing one leaves the other counted."""
+    measures = Measures()
+
+    def transition(scope_id: str, previous: str, state: str) -> float:
+        fields = {
+            "route": "chat",
+            "target": "a",
+            "scope": "origin+model",
+            "scope_id": scope_id,
+            "previous": previous,
+            "state": state,
+            "reason": "unavailable",
+        }
+        return sum(
+            amount
+            for instrument, _, amount in measures("circuit.opened", fields)
+            if instrument.prometheus == "sidestep_suspended"
+        )
+
+    assert transition("m1", "closed", "open") == 1
+    assert transition("m2", "closed", "open") == 1
+    assert transition("m1", "half_open", "closed") == -1
+    assert transition("m2", "open", "half_open") == 0
+    assert transition("m2", "half_open", "closed") == -1

@@ -19,7 +19,7 @@ from ._attempts import Core
 from ._config import Config
 from ._effects import Call, Clock, Close, Read, Send, Sleep
 from ._flavour import Flavour, is_proxy
-from ._listing import Suspension, suspensions
+from ._listing import Listing, Suspension, suspensions
 from ._store import ScopeStatus, StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
@@ -87,8 +87,15 @@ class _Shell:
         return suspensions(snapshot, self._core.router, self._core.store)
 
     def clear(self, scope_id: str) -> bool:
-        """Close one scope by hand; whether it existed."""
-        return self._core.store.clear(scope_id)
+        """Close one scope by hand; whether it was unhealthy.
+
+        Emits ``suspension.cleared`` (``who="application"``), as the admin app
+        and the command line do, so the audit trail and the metrics see it.
+        """
+        return self._listing().clear(scope_id, "application") is not None
+
+    def _listing(self) -> Listing:
+        return Listing(self._core.store, self._core.router, self._core.clock)
 
 
 class _SyncShell(_Shell):
@@ -210,7 +217,7 @@ class _AsyncShell(_Shell):
 
     async def aclear(self, scope_id: str) -> bool:
         """`clear()` without blocking the event loop on a shared store."""
-        return await self._core.store.clear_async(scope_id)
+        return await self._listing().aclear(scope_id, "application") is not None
 
     async def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None

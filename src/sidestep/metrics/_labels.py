@@ -127,14 +127,15 @@ class Measures:
     """Each event's measurements, by the label rules (one instance per exporter).
 
     Keeps two bounded memories: the unrouted origins labelled so far (at most
-    `max_origins`), and the reason each scope it saw leave ``closed`` was
-    suspended for, so that closing it takes the gauge down under the same labels.
+    `max_origins`), and, by scope id, the reason each scope it saw leave
+    ``closed`` was suspended for, so that closing or clearing it takes the gauge
+    down under the same labels (two models of one target are two scopes).
     """
 
     def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
         self._max_origins = max_origins
         self._origins: set[str] = set()
-        self._suspended: dict[tuple[str, str], str] = {}
+        self._suspended: dict[object, str] = {}  # by scope_id
         self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
@@ -164,6 +165,8 @@ class Measures:
             return [(SKIPPED, (route, target, _one_of(fields.get("reason"), _REASONS)), 1)]
         if event in _TRANSITION_EVENTS:
             return self._transition(fields)
+        if event == "suspension.cleared":
+            return self._cleared(fields)
         if event == "probe.admitted":
             _, target = self._route_target(fields)
             return [(PROBES, (target, _one_of(fields.get("scope"), _SCOPES)), 1)]
@@ -191,13 +194,22 @@ class Measures:
                 return target
         return OTHER
 
+    def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
+        """A scope cleared by hand: it leaves the gauge as its closing would have."""
+        _, target = self._route_target(fields)
+        with self._lock:
+            reason = self._suspended.pop(fields.get("scope_id"), None)
+        if reason is None:
+            return []
+        return [(SUSPENDED, (target, _one_of(fields.get("scope"), _SCOPES), reason), -1)]
+
     def _transition(self, fields: Mapping[str, Any]) -> list[Measure]:
         _, target = self._route_target(fields)
         scope = _one_of(fields.get("scope"), _SCOPES)
         before = _one_of(fields.get("previous"), _STATES)
         after = _one_of(fields.get("state"), _STATES)
         reason = _one_of(fields.get("reason"), _REASONS)
-        key = (target, scope)
+        key = fields.get("scope_id")
         measures: list[Measure] = []
         with self._lock:
             known = self._suspended.get(key)
