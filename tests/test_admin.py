@@ -20,7 +20,7 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
 import sidestep.admin
-from redis_server import fresh_prefix
+from redis_server import PASSWORD, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
@@ -323,3 +323,47 @@ def test_the_json_rows_are_the_transport_rows(setup: Setup) -> None:
         mine.state,
     )
     assert json.dumps(row).count(setup.a.url.split("//")[1]) == 0
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_redis_that_stops_answering_is_a_503_not_an_empty_list(
+    a: Upstream, b: Upstream, kind: str
+) -> None:
+    """With the shared Redis down, the list, the page and a clear answer 503 store_unavailable (never "no suspensions" or "not found", and never the URL's password); once Redis answers again, what fails next is listed and clears."""
+    server = RedisServer()
+    server.start()
+    a.behaviour = lambda seen: Respond(503, b"down")
+    config = config_for(a, b)
+    shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
+    store = sidestep.RedisStore(server.url, retry_interval=0, **shared)
+    source = sidestep.RedisStore(server.url, retry_interval=0, **shared)
+    build = sidestep.admin.app if kind == "asgi" else sidestep.admin.wsgi_app
+    app = build(source, token=TOKEN, config=config)
+    with contextlib.ExitStack() as stack:
+        stack.callback(server.stop)
+        stack.callback(store.close)
+        stack.callback(source.close)
+        client = stack.enter_context(
+            httpx.Client(transport=sidestep.FailoverTransport(config, store=store))
+        )
+        url = stack.enter_context(
+            serve_asgi(app, lifespan="off") if kind == "asgi" else serve_wsgi(app)
+        )
+        admin = stack.enter_context(httpx.Client(base_url=url, headers=bearer(TOKEN)))
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        (row,) = admin.get("/suspensions").json()["suspensions"]
+        server.stop()
+        for method, path in [
+            ("GET", "/suspensions"),
+            ("GET", "/"),
+            ("DELETE", f"/suspensions/{row['scope_id']}"),
+        ]:
+            answer = admin.request(method, path)
+            assert answer.status_code == 503, (method, path)
+            assert answer.json() == {"error": "store_unavailable"}
+            assert PASSWORD not in answer.text
+        server.start()  # empty: nothing is persisted
+        assert admin.get("/suspensions").json()["suspensions"] == []
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        (again,) = admin.get("/suspensions").json()["suspensions"]
+        assert admin.delete(f"/suspensions/{again['scope_id']}").status_code == 200

@@ -22,7 +22,7 @@ from ._routes import Router
 from ._store import ScopeStatus, StateStore
 from .logging import emit
 
-__all__ = ["Listing", "Suspension", "as_json", "matches", "suspensions"]
+__all__ = ["Listing", "StoreUnavailable", "Suspension", "as_json", "matches", "suspensions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +111,17 @@ def as_json(row: Suspension, now: float, wall: float) -> dict[str, Any]:
     }
 
 
+class StoreUnavailable(Exception):
+    """The shared store did not answer: what it would list is unknown (not "nothing")."""
+
+
 class Listing:
-    """One store read through one configuration's routes: list and clear, sync or async."""
+    """One store read through one configuration's routes: list and clear, sync or async.
+
+    Listing (and so clearing) raises `StoreUnavailable` when a shared store
+    served the snapshot from its local fallback: an empty list would say every
+    target is healthy, and a clear would find nothing to clear.
+    """
 
     def __init__(
         self, store: StateStore, router: Router, clock: Callable[[], float] = time.monotonic
@@ -129,10 +138,15 @@ class Listing:
         }
 
     def suspensions(self) -> list[Suspension]:
-        return suspensions(self.store.snapshot(self.clock()), self.router, self.store)
+        return self._rows(self.store.snapshot(self.clock()))
 
     async def asuspensions(self) -> list[Suspension]:
-        snapshot = await self.store.snapshot_async(self.clock())
+        return self._rows(await self.store.snapshot_async(self.clock()))
+
+    def _rows(self, snapshot: list[ScopeStatus]) -> list[Suspension]:
+        # a RedisStore that is down serves from its local fallback (and says so)
+        if getattr(self.store, "_down", False):
+            raise StoreUnavailable
         return suspensions(snapshot, self.router, self.store)
 
     def clear(self, scope_id: str, who: str) -> Suspension | None:

@@ -31,7 +31,7 @@ from ._config import (
 )
 from ._doctor import WARN, Finding, diagnose, unset_variables
 from ._errors import ConfigError
-from ._listing import Listing, as_json, matches
+from ._listing import Listing, StoreUnavailable, as_json, matches
 from ._routes import Router
 from ._store_config import build_store
 
@@ -145,9 +145,8 @@ def operate(args: argparse.Namespace, out: TextIO | None = None) -> int:
             now, wall = view.clock(), time.time()
             shown = [as_json(r, now, wall) for r in rows if matches(r, filters)]
             payload = {"routes": view.routes(), "suspensions": shown}
-        if getattr(store, "fallbacks", 0):
-            where = repr(store)
-            return _fail(name, f"the store did not answer ({where}): nothing to show", _FAILED)
+    except StoreUnavailable:
+        return _fail(name, f"the store did not answer ({store!r}): nothing to show", _FAILED)
     finally:
         close = getattr(store, "close", None)
         if close is not None:
