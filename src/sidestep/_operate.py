@@ -19,6 +19,7 @@ import time
 import warnings
 from collections import ChainMap
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from ._config import (
     Config,
@@ -159,20 +160,23 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
 
     if not args.token_env:
         return _fail(name, "--admin-url needs --token-env VAR (the variable holding the token)", 2)
-    token = os.environ.get(args.token_env)
+    token = os.environ.get(args.token_env, "").strip()
     if not token:
         return _fail(name, f"environment variable {args.token_env!r} is not set", _USAGE)
+    if not token.isascii() or not token.isprintable() or " " in token:
+        # a header cannot carry it; the message never quotes it
+        return _fail(name, f"environment variable {args.token_env!r} holds no usable token", _USAGE)
     base = args.admin_url.rstrip("/")
     headers = {"authorization": f"Bearer {token}"}
+    payload: Any = None
     try:
         with httpx.Client(headers=headers, timeout=10.0) as client:
             if args.command == "clear":
-                response = client.delete(f"{base}/suspensions/{args.scope_id}")
+                response = client.delete(f"{base}/suspensions/{quote(args.scope_id, safe='')}")
                 if response.status_code == 404:
-                    payload: dict[str, Any] = {"cleared": None}
-                else:
-                    response.raise_for_status()
-                    payload = {"cleared": response.json()}
+                    return _show(args, {"cleared": None}, out)
+                response.raise_for_status()
+                payload = {"cleared": response.json()}
             else:
                 params = {k: v for k in ("route", "target", "reason") if (v := getattr(args, k))}
                 response = client.get(f"{base}/suspensions", params=params)
@@ -180,10 +184,24 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
                 payload = response.json()
     except httpx.HTTPStatusError as exc:
         return _fail(name, f"the admin app answered {exc.response.status_code}", _FAILED)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         # the exception's message may quote the URL; its kind is enough
         return _fail(name, f"cannot reach the admin app ({type(exc).__name__})", _FAILED)
+    except ValueError:  # the answer is not JSON
+        pass
+    if not _admin_answer(payload):
+        return _fail(name, "the URL answered, but not as sidestep's admin app", _FAILED)
     return _show(args, payload, out)
+
+
+def _admin_answer(payload: Any) -> bool:
+    """Whether `payload` is what the admin app answers: rows (or a cleared row) to show."""
+    if not isinstance(payload, dict):
+        return False
+    rows = [payload["cleared"]] if "cleared" in payload else payload.get("suspensions")
+    return isinstance(rows, list) and all(
+        isinstance(row, dict) and set(_COLUMNS) <= row.keys() for row in rows
+    )
 
 
 def _show(args: argparse.Namespace, payload: dict[str, Any], out: TextIO) -> int:
