@@ -367,3 +367,14 @@ def test_a_redis_that_stops_answering_is_a_503_not_an_empty_list(
         assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
         (again,) = admin.get("/suspensions").json()["suspensions"]
         assert admin.delete(f"/suspensions/{again['scope_id']}").status_code == 200
+
+
+def test_a_secret_no_header_carries_as_typed_is_refused(a: Upstream, b: Upstream) -> None:
+    """A token's secret must be printable ASCII: a non-ASCII one, which a client sends as UTF-8 and a server reads as latin-1, would never match a Bearer header, so it is refused when the token is made."""
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    for secret in ("tökén-0123456789", "tab\there", "nul\x00here"):
+        with pytest.raises(ValueError, match="printable ASCII") as raised:
+            sidestep.admin.Token("ops", secret)
+        assert secret not in str(raised.value)
+        with pytest.raises(ValueError, match="printable ASCII"):
+            sidestep.admin.app(transport, token=secret)

@@ -49,9 +49,11 @@ class Token:
     def __post_init__(self) -> None:
         if not self.name or not self.name.isprintable() or self.name != self.name.strip():
             raise ValueError("a token's name must be non-empty and printable")
-        if not self.secret or any(ch.isspace() or not ch.isprintable() for ch in self.secret):
+        # ASCII: servers read a header as latin-1, so a client's UTF-8 would never match
+        secret = self.secret
+        if not secret or not secret.isascii() or not secret.isprintable() or " " in secret:
             raise ValueError(
-                f"token {self.name!r}: the secret must be non-empty, printable, no spaces"
+                f"token {self.name!r}: the secret must be non-empty printable ASCII, no spaces"
             )
 
 
