@@ -298,6 +298,22 @@ def _load_leniently(path: str) -> tuple[Config, list[str], list[str]]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of settings")
     unset = unset_variables(data)
+    try:
+        config, warned = _validated(data, unset, path)
+    except ConfigError as invalid:
+        if not unset:
+            raise
+        # A number, duration or switch that is one unset variable: no placeholder string
+        # passes for it, so it is left out and its default stands in.
+        try:
+            config, warned = _validated(_without_lone(data, set(unset)), unset, path)
+        except ConfigError:
+            raise invalid from None
+    return config, unset, warned
+
+
+def _validated(data: dict[str, Any], unset: list[str], path: str) -> tuple[Config, list[str]]:
+    """The configuration with placeholders for the unset variables; its own warnings."""
     data = _url_placeholders(data, set(unset), in_store=False)
     environ = ChainMap(dict.fromkeys(unset, "unset-placeholder"), dict(os.environ))
     try:
@@ -307,7 +323,23 @@ def _load_leniently(path: str) -> tuple[Config, list[str], list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SidestepConfigWarning)
         config = _validate(data, path)
-    return config, unset, [str(w.message) for w in caught]
+    return config, [str(w.message) for w in caught]
+
+
+def _without_lone(node: Any, unset: set[str]) -> Any:
+    """`node` without the settings whose whole value is one unset ``${VAR}`` (bar names,
+    URLs, headers and JSON fields, for which a placeholder string serves)."""
+    if isinstance(node, list):
+        return [_without_lone(v, unset) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        ref = re.fullmatch(r"\$\{(\w+)\}", value) if isinstance(value, str) else None
+        if ref and ref[1] in unset and key not in ("name", "url"):
+            continue
+        out[key] = value if key in ("headers", "json") else _without_lone(value, unset)
+    return out
 
 
 def _url_placeholders(node: Any, unset: set[str], *, in_store: bool) -> Any:
