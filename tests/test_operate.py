@@ -232,7 +232,7 @@ def test_the_installed_command_runs_the_operations(redis_setup: Redis) -> None:
 def test_the_cli_says_what_is_wrong_with_an_admin_url_or_token_without_a_traceback(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An unparsable --admin-url, a token no header can carry, a URL that answers but not as the admin app (HTML, other JSON) each exit nonzero with one line naming the problem, never a traceback or the token; a SCOPE_ID is sent as one path segment."""
+    """An unparsable --admin-url, a token no header can carry, a URL that answers but not as the admin app (HTML, other JSON, another app's 404) each exit nonzero with one line naming the problem, never a traceback or the token; a SCOPE_ID is sent as one path segment."""
     seen: list[str] = []
     answers = {
         "/html/suspensions": ("text/html", b"<html>a login page</html>"),
@@ -242,7 +242,11 @@ def test_the_cli_says_what_is_wrong_with_an_admin_url_or_token_without_a_traceba
 
     def impostor(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         seen.append(environ["REQUEST_URI"])
-        kind, body = answers.get(environ["PATH_INFO"], ("application/json", b"{}"))
+        kind, body = answers.get(
+            environ["PATH_INFO"], ("application/json", b'{"error": "not_found"}')
+        )
+        if environ["PATH_INFO"].startswith("/html/suspensions/"):  # another app's 404
+            kind, body = "text/html", b"<html>no such page</html>"
         status = "200 OK" if environ["PATH_INFO"] in answers else "404 Not Found"
         start_response(status, [("content-type", kind)])
         return [body]
@@ -262,6 +266,10 @@ def test_the_cli_says_what_is_wrong_with_an_admin_url_or_token_without_a_traceba
         )
         assert status == 1 and "no suspension has that scope_id" in err
         assert seen[-1] == "/suspensions/..%2Fx%3Fy"  # one segment below /suspensions/
+        status, _, err = run(
+            capsys, "clear", "--admin-url", f"{url}/html", "--token-env", "ADMIN_TOKEN", "x"
+        )
+        assert status == 1 and "answered 404" in err  # a wrong URL, not an unknown id
 
     status, _, err = run(
         capsys, "suspensions", "--admin-url", "http://[::1", "--token-env", "ADMIN_TOKEN"

@@ -173,7 +173,7 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
         with httpx.Client(headers=headers, timeout=10.0) as client:
             if args.command == "clear":
                 response = client.delete(f"{base}/suspensions/{quote(args.scope_id, safe='')}")
-                if response.status_code == 404:
+                if response.status_code == 404 and _not_found(response):
                     return _show(args, {"cleared": None}, out)
                 response.raise_for_status()
                 payload = {"cleared": response.json()}
@@ -192,6 +192,14 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
     if not _admin_answer(payload):
         return _fail(name, "the URL answered, but not as sidestep's admin app", _FAILED)
     return _show(args, payload, out)
+
+
+def _not_found(response: Any) -> bool:
+    """Whether a 404 is the admin app's "no such scope" (not a wrong URL's 404)."""
+    try:
+        return bool(response.json() == {"error": "not_found"})
+    except ValueError:
+        return False
 
 
 def _admin_answer(payload: Any) -> bool:
