@@ -335,19 +335,22 @@ def _validated(data: dict[str, Any], unset: list[str], path: str) -> tuple[Confi
 
 
 def _without_lone(node: Any, unset: set[str]) -> Any:
-    """`node` without the settings whose whole value is one unset ``${VAR}`` (bar names,
-    URLs, headers and JSON fields, for which a placeholder string serves)."""
+    """`node` without the settings and list items whose whole value is one unset ``${VAR}``
+    (bar names, URLs, headers and JSON fields, for which a placeholder string serves)."""
     if isinstance(node, list):
-        return [_without_lone(v, unset) for v in node]
+        return [_without_lone(v, unset) for v in node if not _lone(v, unset)]
     if not isinstance(node, dict):
         return node
-    out = {}
-    for key, value in node.items():
-        ref = re.fullmatch(r"\$\{(\w+)\}", value) if isinstance(value, str) else None
-        if ref and ref[1] in unset and key not in ("name", "url"):
-            continue
-        out[key] = value if key in ("headers", "json") else _without_lone(value, unset)
-    return out
+    return {
+        key: value if key in ("headers", "json") else _without_lone(value, unset)
+        for key, value in node.items()
+        if key in ("name", "url") or not _lone(value, unset)
+    }
+
+
+def _lone(value: Any, unset: set[str]) -> bool:
+    ref = re.fullmatch(r"\$\{(\w+)\}", value) if isinstance(value, str) else None
+    return ref is not None and ref[1] in unset
 
 
 def _url_placeholders(node: Any, unset: set[str], *, in_store: bool) -> Any:
