@@ -118,8 +118,8 @@ class StoreUnavailable(Exception):
 class Listing:
     """One store read through one configuration's routes: list and clear, sync or async.
 
-    Listing (and so clearing) raises `StoreUnavailable` when a shared store
-    served the snapshot from its local fallback: an empty list would say every
+    Listing and clearing raise `StoreUnavailable` when a shared store did not
+    answer (and served from its local fallback): an empty list would say every
     target is healthy, and a clear would find nothing to clear.
     """
 
@@ -138,15 +138,13 @@ class Listing:
         }
 
     def suspensions(self) -> list[Suspension]:
-        return self._rows(self.store.snapshot(self.clock()))
+        snapshot = self.store.snapshot(self.clock())
+        self._answered()
+        return suspensions(snapshot, self.router, self.store)
 
     async def asuspensions(self) -> list[Suspension]:
-        return self._rows(await self.store.snapshot_async(self.clock()))
-
-    def _rows(self, snapshot: list[ScopeStatus]) -> list[Suspension]:
-        # a RedisStore that is down serves from its local fallback (and says so)
-        if getattr(self.store, "_down", False):
-            raise StoreUnavailable
+        snapshot = await self.store.snapshot_async(self.clock())
+        self._answered()
         return suspensions(snapshot, self.router, self.store)
 
     def clear(self, scope_id: str, who: str) -> Suspension | None:
@@ -156,13 +154,24 @@ class Listing:
         ``suspension.cleared`` event, the audit record.
         """
         row = _find(self.suspensions(), scope_id)
-        return _cleared(row, who) if row is not None and self.store.clear(scope_id) else None
+        if row is None:
+            return None
+        done = self.store.clear(scope_id)
+        self._answered()
+        return _cleared(row, who) if done else None
 
     async def aclear(self, scope_id: str, who: str) -> Suspension | None:
         row = _find(await self.asuspensions(), scope_id)
-        if row is not None and await self.store.clear_async(scope_id):
-            return _cleared(row, who)
-        return None
+        if row is None:
+            return None
+        done = await self.store.clear_async(scope_id)
+        self._answered()
+        return _cleared(row, who) if done else None
+
+    def _answered(self) -> None:
+        # a RedisStore that is down serves from its local fallback (and says so)
+        if getattr(self.store, "_down", False):
+            raise StoreUnavailable
 
 
 def _cleared(row: Suspension, who: str) -> Suspension:
