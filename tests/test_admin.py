@@ -325,22 +325,20 @@ def test_the_json_rows_are_the_transport_rows(setup: Setup) -> None:
     assert json.dumps(row).count(setup.a.url.split("//")[1]) == 0
 
 
-@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
-def test_a_redis_that_stops_answering_is_a_503_not_an_empty_list(
-    a: Upstream, b: Upstream, kind: str
-) -> None:
-    """With the shared Redis down, the list, the page and a clear answer 503 store_unavailable (never "no suspensions" or "not found", and never the URL's password); once Redis answers again, what fails next is listed and clears."""
-    server = RedisServer()
-    server.start()
+@contextlib.contextmanager
+def admin_over_redis(
+    kind: str, a: Upstream, b: Upstream, app_url: str, admin_url: str, **options: Any
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """The application's client on Redis at `app_url`, and a client of the admin app served
+    over its own RedisStore at `admin_url` (with `options`); the primary answers 503."""
     a.behaviour = lambda seen: Respond(503, b"down")
     config = config_for(a, b)
     shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
-    store = sidestep.RedisStore(server.url, retry_interval=0, **shared)
-    source = sidestep.RedisStore(server.url, retry_interval=0, **shared)
+    store = sidestep.RedisStore(app_url, retry_interval=0, **shared)
+    source = sidestep.RedisStore(admin_url, retry_interval=0, **options, **shared)
     build = sidestep.admin.app if kind == "asgi" else sidestep.admin.wsgi_app
     app = build(source, token=TOKEN, config=config)
     with contextlib.ExitStack() as stack:
-        stack.callback(server.stop)
         stack.callback(store.close)
         stack.callback(source.close)
         client = stack.enter_context(
@@ -350,6 +348,19 @@ def test_a_redis_that_stops_answering_is_a_503_not_an_empty_list(
             serve_asgi(app, lifespan="off") if kind == "asgi" else serve_wsgi(app)
         )
         admin = stack.enter_context(httpx.Client(base_url=url, headers=bearer(TOKEN)))
+        yield client, admin
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_redis_that_stops_answering_is_a_503_not_an_empty_list(
+    a: Upstream, b: Upstream, kind: str
+) -> None:
+    """With the shared Redis down, the list, the page and a clear answer 503 store_unavailable (never "no suspensions" or "not found", and never the URL's password); once Redis answers again, what fails next is listed and clears."""
+    server = RedisServer()
+    server.start()
+    with contextlib.ExitStack() as stack:
+        stack.callback(server.stop)
+        client, admin = stack.enter_context(admin_over_redis(kind, a, b, server.url, server.url))
         assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
         (row,) = admin.get("/suspensions").json()["suspensions"]
         server.stop()
@@ -408,24 +419,11 @@ def test_a_clear_whose_answer_redis_never_gives_is_a_503_not_a_404(
 ) -> None:
     """When Redis lists a scope but the clear's reply does not come in time, DELETE answers 503 store_unavailable: whether it was cleared is unknown, so never "not found", and no audit event claims it."""
     proxy = LateProxy(redis_server)
-    a.behaviour = lambda seen: Respond(503, b"down")
-    config = config_for(a, b)
-    shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
-    store = sidestep.RedisStore(redis_server.url, **shared)
-    source = sidestep.RedisStore(proxy.url, timeout=0.2, retry_interval=0, **shared)
-    build = sidestep.admin.app if kind == "asgi" else sidestep.admin.wsgi_app
-    app = build(source, token=TOKEN, config=config)
     with contextlib.ExitStack() as stack:
         stack.callback(proxy.close)
-        stack.callback(store.close)
-        stack.callback(source.close)
-        client = stack.enter_context(
-            httpx.Client(transport=sidestep.FailoverTransport(config, store=store))
+        client, admin = stack.enter_context(
+            admin_over_redis(kind, a, b, redis_server.url, proxy.url, timeout=0.2)
         )
-        url = stack.enter_context(
-            serve_asgi(app, lifespan="off") if kind == "asgi" else serve_wsgi(app)
-        )
-        admin = stack.enter_context(httpx.Client(base_url=url, headers=bearer(TOKEN)))
         assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
         (row,) = admin.get("/suspensions").json()["suspensions"]  # connected, script loaded
         proxy.late(skip=1, seconds=1.0)  # the listing's reply comes, the clear's does not
