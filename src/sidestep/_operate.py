@@ -217,8 +217,9 @@ def _show(args: argparse.Namespace, payload: dict[str, Any], out: TextIO) -> int
         row = payload["cleared"]
         if row is None:
             return _fail("sidestep clear", "no suspension has that scope_id", _FAILED)
+        where = f"route {row['route']}, " if row["route"] is not None else "no route, "
         print(
-            f"cleared {row['scope_id']}: route {row['route']}, target {row['target']},"
+            f"cleared {row['scope_id']}: {where}target {row['target']},"
             f" {row['scope']} scope, was {row['state']} ({row['reason']})",
             file=out,
         )
