@@ -22,6 +22,7 @@ import httpx
 
 from ._config import Config, as_config
 from ._flavour import is_proxy
+from ._sqlite import SqliteStore
 from ._store import MemoryStore, StateStore
 from ._transport import AsyncFailoverTransport, FailoverTransport, _Shell
 
@@ -136,7 +137,8 @@ def wrap(
         client: an `httpx.Client`, `httpx.AsyncClient`, `httpx2.Client` or
             `httpx2.AsyncClient`, or a subclass such as an SDK's default client.
         config: a `Config`, a mapping validated into one, or None.
-        store: where circuit state lives (default: a new `MemoryStore` for this client).
+        store: where circuit state lives (default: the one the configuration's
+            ``store:`` section names, else a new `MemoryStore` for this client).
 
     Returns:
         The same client. A client that already has a sidestep transport is
@@ -169,7 +171,8 @@ def install(
 
     Args:
         config: a `Config`, a mapping validated into one, or None.
-        store: the shared store (default: one `MemoryStore`, kept across calls).
+        store: the shared store (default: the one the configuration's ``store:``
+            section names, else one `MemoryStore`; kept across calls).
 
     Raises:
         ConfigError: `config` is a mapping that is not a valid configuration.
@@ -178,7 +181,7 @@ def install(
     settings = as_config(config)
     with _lock:
         if store is None:
-            store = _installed.store if _installed is not None else MemoryStore()
+            store = _installed.store if _installed is not None else _store_for(settings)
         _installed = _Installed(settings, store)
         for cls in _SHELLS:
             if cls not in _originals:
@@ -239,6 +242,14 @@ def _replaceable(transport: Any) -> bool:
     )
 
 
+def _store_for(config: Config) -> StateStore:
+    """The store the configuration's ``store:`` section names (memory without one)."""
+    sqlite = config.store.sqlite
+    if sqlite is not None:
+        return SqliteStore(sqlite.path, refresh=sqlite.refresh)
+    return MemoryStore()
+
+
 def _wrap(
     client: Any, shell: type[_Shell], config: Config, store: StateStore | None, *, explicit: bool
 ) -> None:
@@ -255,7 +266,7 @@ def _wrap(
             _installed_shells.discard(t)
         main = main.inner.own
         mounts = {k: None if t is None else t.inner.own for k, t in mounts.items()}
-    store = store if store is not None else MemoryStore()
+    store = store if store is not None else _store_for(config)
     table = list(mounts.items())
 
     def over(transport: Any) -> _Shell:

@@ -457,6 +457,23 @@ class Route(_Model):
             yield key, ([_origin(url) for url in self.match] if key == "match" else value)
 
 
+# --- where circuit state lives: the SQLite store only -----------------------------------------
+# (The memory and Redis stores are chosen in code; a full ``store:`` section will take these in.)
+
+
+class SqliteStoreSettings(_Model):
+    """``store: {sqlite: …}``: circuits shared through one file by every process on the host."""
+
+    path: Annotated[str, Field(min_length=1)]
+    refresh: _NonNegativeDuration = 0.01
+
+
+class StoreSettings(_Model):
+    """``store:``: where circuit state lives (default: in each process's memory)."""
+
+    sqlite: SqliteStoreSettings | None = None
+
+
 class Config(_Model):
     """The whole configuration (DESIGN §4). Frozen; `Config.model_validate(mapping)` works.
 
@@ -469,6 +486,7 @@ class Config(_Model):
     failover: FailoverPolicy = Field(default_factory=FailoverPolicy)
     suspensions: Suspensions = Field(default_factory=Suspensions)
     routes: list[Route] = Field(default_factory=list)
+    store: StoreSettings = Field(default_factory=StoreSettings)
     classifier: Annotated[Callable[..., Any] | None, BeforeValidator(_import_object)] = Field(
         default=None, repr=False
     )

@@ -11,8 +11,8 @@ file changed.
 Only unhealthy scopes are kept, as in memory. Probe slots are leases with
 an end in wall-clock time, so a process that dies holding a probe frees it
 when its lease ends; windows follow the wall clock too, so a suspension
-survives a restart of every process (windows already past are dropped when
-a store opens the file).
+survives a restart of every process (windows long past are dropped when a
+store opens the file).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ __all__ = ["SqliteStore"]
 
 DEFAULT_TIMEOUT = 0.1
 DEFAULT_REFRESH = 0.01
+DEFAULT_TTL = 3600.0
 DEFAULT_PROBE_LEASE = 60.0
 DEFAULT_RETRY_INTERVAL = 1.0
 # What the file is not, or cannot be now: serve from memory.
@@ -149,8 +150,9 @@ class SqliteStore(MemoryStore):
 
     Args:
         path: the file (created with its tables if missing, readable by its owner only).
-        fingerprint_key: the key for credential fingerprints; None keeps a
-            random one in the file, so every process using it shares credential scopes.
+        fingerprint_key: the key for credential fingerprints; None takes the
+            one kept in the file (made by the first store to open it), so every
+            process using the file shares credential scopes.
         probe_lease: seconds a half-open probe holds its slot when its request
             has no bounded time to first byte (default 60); otherwise the
             transport passes that time. A process that dies holding a probe
@@ -160,6 +162,8 @@ class SqliteStore(MemoryStore):
         refresh: on the healthy path, ask at most this often whether another
             process changed the file (0: on every request). A transition
             reaches every process within this time.
+        ttl: seconds an open scope is kept past the end of its window by a
+            store opening the file: a restart forgets windows long past.
         max_scopes: the most scopes kept; past it the oldest closed (else the
             oldest) scope is forgotten.
         retry_interval: while the file is away, try it again at most this often.
@@ -185,17 +189,19 @@ class SqliteStore(MemoryStore):
         probe_lease: float | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         refresh: float = DEFAULT_REFRESH,
+        ttl: float = DEFAULT_TTL,
         max_scopes: int = DEFAULT_MAX_SCOPES,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
     ) -> None:
         for name, value in (("timeout", timeout), ("probe_lease", probe_lease)):
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive")
-        if refresh < 0 or retry_interval < 0:
-            raise ValueError("refresh and retry_interval must not be negative")
+        if refresh < 0 or retry_interval < 0 or ttl < 0:
+            raise ValueError("refresh, ttl and retry_interval must not be negative")
         self._path = os.fspath(path)
         self._timeout = timeout
         self._refresh = refresh
+        self._ttl = ttl
         self._default_lease = probe_lease or DEFAULT_PROBE_LEASE
         self._failopen = FailOpen(
             "sqlite",
@@ -213,17 +219,16 @@ class SqliteStore(MemoryStore):
         # Private test hook: windows follow the caller's `now` instead of the
         # wall clock, so fake-clock tests drive every store alike.
         self._caller_clock = False
-        key = fingerprint_key
-        if key is None:
-            try:
-                key = self._shared_key()
-                self._failopen.answered()
-            except _UNAVAILABLE as exc:
-                self._failopen.unavailable("open", exc)
-        super().__init__(max_scopes=max_scopes, fingerprint_key=key)
+        super().__init__(max_scopes=max_scopes, fingerprint_key=fingerprint_key)
+        self._adopt_key = fingerprint_key is None  # take the key kept in the file, once open
         self._tx = _Transaction(self)
         self._lock = self._tx  # type: ignore[assignment]  # MemoryStore's steps run in it
         _stores.add(self)
+        try:
+            self._connection()
+        except _UNAVAILABLE as exc:
+            self._lost(exc)
+            self._failopen.unavailable("open", exc)
 
     def __repr__(self) -> str:
         return f"SqliteStore({self._failopen.where!r}, scopes={len(self._state.entries)})"
@@ -281,8 +286,8 @@ class SqliteStore(MemoryStore):
 
     def _quick(self, facts: ScopeFacts) -> Admission | None:
         """The healthy path, from the view: None when the file must be asked."""
-        if time.monotonic() >= self._next_poll:
-            self._poll(wait=self._version < 0)
+        if self._version < 0 or time.monotonic() >= self._next_poll:
+            self._poll(wait=self._version < 0)  # with no view yet, every thread waits for one
         origin = self._state.origins.get(facts.origin)
         if origin is None or not origin.unhealthy:
             return Admission(Ticket(facts, self._seq))  # nothing read, nothing written
@@ -436,9 +441,14 @@ class SqliteStore(MemoryStore):
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.executescript(_SCHEMA)
             with _immediate(conn):
-                # Windows already past when the file is opened are forgotten.
+                # A window that ended more than `ttl` ago is forgotten as the file is opened
+                # (one that ended since would let a probe through: that it stays is right).
                 now = -math.inf if self._caller_clock else time.time()
-                conn.execute("DELETE FROM scopes WHERE state = 'open' AND retry_at <= ?", (now,))
+                conn.execute(
+                    "DELETE FROM scopes WHERE state = 'open' AND retry_at <= ?", (now - self._ttl,)
+                )
+            if self._adopt_key:
+                self._take_key(conn)
         except BaseException:
             conn.close()
             raise
@@ -446,21 +456,16 @@ class SqliteStore(MemoryStore):
         self._version = -1
         return conn
 
-    def _shared_key(self) -> str:
-        """The fingerprint key kept in the file: made by the first process to open it."""
-        try:
-            conn = self._connection()
-            with _immediate(conn):
-                conn.execute(
-                    "INSERT OR IGNORE INTO meta VALUES ('fingerprint_key', ?)",
-                    (secrets.token_hex(32),),
-                )
-                row = conn.execute("SELECT value FROM meta WHERE name = 'fingerprint_key'")
-                key: str = row.fetchone()[0]
-        except _UNAVAILABLE as exc:
-            self._lost(exc)
-            raise
-        return key
+    def _take_key(self, conn: sqlite3.Connection) -> None:
+        """Adopt the fingerprint key kept in the file, made by the first process to open it,
+        so that every process on the file shares credential scopes."""
+        with _immediate(conn):
+            conn.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('fingerprint_key', ?)", (secrets.token_hex(32),)
+            )
+            key = conn.execute("SELECT value FROM meta WHERE name = 'fingerprint_key'").fetchone()
+        self.fingerprint._key = key[0].encode()
+        self._adopt_key = False
 
     def _begin(self) -> None:
         conn = self._connection()
