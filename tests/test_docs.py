@@ -40,6 +40,8 @@ from sidestep._config import (
     FailureRate,
     Route,
     SidestepConfigWarning,
+    SqliteStoreSettings,
+    StoreSettings,
     Suspensions,
     SuspensionWindow,
     Target,
@@ -145,6 +147,8 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     "`breaker.failure_rate`": (FailureRate, {"threshold": 0.5}),
     "`failover`": (FailoverPolicy, {}),
     "`suspensions`": (Suspensions, {}),
+    "`store`": (StoreSettings, {}),
+    "`store.sqlite`": (SqliteStoreSettings, {"path": "state.db"}),
     "A suspension window": (SuspensionWindow, {"initial": 1, "max": None}),
     "`routes[]`": (
         Route,

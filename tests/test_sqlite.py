@@ -6,13 +6,18 @@ and test_store_processes.py; here is what only a file does.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import structlog
 
@@ -23,6 +28,7 @@ from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._failopen import LocalTicket
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
+from test_launcher import TESTS, environment
 from upstream import Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
@@ -193,3 +199,55 @@ def test_every_transport_shares_circuits_through_the_file(
     assert a.calls == 2
     assert second.get(a.url + "/v1/x").text == "b"
     assert a.calls == 2
+
+
+@pytest.mark.slow
+def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
+    a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """`sidestep run -c cfg -- gunicorn -w 4` with a SQLite store: the dead primary gets failure_threshold calls in all, not that many per worker, and every worker then goes to the backup."""
+    a.behaviour = lambda seen: Respond(503)
+    config = tmp_path / "sidestep.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                **route(
+                    ("primary", a.url + "/v1"),
+                    ("backup", b.url + "/v1"),
+                    breaker={"failure_threshold": 2, "cooldown": 600},
+                ),
+                "store": {"sqlite": {"path": str(tmp_path / "state.db"), "refresh": 0}},
+            }
+        )
+    )
+    sock = tmp_path / "gunicorn.sock"
+    env = environment(OUTAGE_UPSTREAM=a.url + "/v1/chat")
+    command = [sys.executable, "-m", "sidestep._cli", "run", "-c", str(config), "--"]
+    command += [sys.executable, "-m", "gunicorn", "--workers", "4", "--bind", f"unix:{sock}"]
+    command += ["--error-logfile", str(tmp_path / "error.log"), "outage_app:application"]
+    server = subprocess.Popen(command, env=env, cwd=TESTS, stdin=subprocess.DEVNULL)  # noqa: S603
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10)
+    try:
+
+        def listening() -> bool:
+            assert server.poll() is None, (tmp_path / "error.log").read_text()
+            return sock.exists()
+
+        wait_for(listening, timeout=60)
+        assert client.get("http://app/").text.endswith(" 200 b")  # the first failure
+        assert client.get("http://app/").text.endswith(" 200 b")  # the second: it opens
+        assert a.calls == 2
+        workers: set[str] = set()
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(50):  # until every worker has answered since
+                answers = list(pool.map(lambda _: client.get("http://app/").text, range(8)))
+                assert all(answer.endswith(" 200 b") for answer in answers), answers
+                workers |= {answer.split()[0] for answer in answers}
+                if len(workers) == 4:
+                    break
+        assert len(workers) == 4
+        assert a.calls == 2  # found once, for all four workers
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(30)

@@ -1,7 +1,7 @@
 """The stores shared between processes, driven by real processes: probe slots stay exact.
 
 Each test runs on `SqliteStore` over one file and on `RedisStore` over one
-prefix. The processes are forked; each builds its own store from a spec.
+prefix. The processes are spawned; each builds its own store from a spec.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
 PROCESSES = 4
 ATTEMPTS = 1000  # over all processes, at once
 Spec = tuple[str, dict[str, Any]]
+CONTEXT = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
 
 
 def build(spec: Spec) -> Any:
@@ -85,13 +86,14 @@ def _attempts(spec: Spec, policy: BreakerPolicy, start: Any, out: Any, n: int) -
 def _hold_probe(spec: Spec, policy: BreakerPolicy, lease: float, out: Any) -> None:
     """In a child: take the probe with a short lease, say so, and wait to be killed."""
     store = build(spec)
+    before = time.monotonic()  # one clock for every process on the host
     admission = store.admit(facts(store), policy, time.monotonic(), lease)
-    out.put(admission.ticket is not None and bool(admission.ticket.probes))
+    out.put((admission.ticket is not None and bool(admission.ticket.probes), before))
     time.sleep(60)
 
 
 def run(target: Callable[..., None], *args: Any) -> multiprocessing.Process:
-    process = multiprocessing.get_context("fork").Process(target=target, args=args, daemon=True)
+    process = CONTEXT.Process(target=target, args=args, daemon=True)
     process.start()
     return process
 
@@ -103,8 +105,7 @@ def test_exactly_half_open_probes_among_a_thousand_attempts_from_four_processes(
     """1000 admissions at once from 4 processes at a half-open scope: exactly half_open_probes are admitted, each holding a probe, all decided by the shared store."""
     policy = BreakerPolicy(failure_threshold=2, cooldown=0.2, max_cooldown=60, half_open_probes=3)
     half_open(spec, policy)
-    context = multiprocessing.get_context("fork")
-    start, out = context.Event(), context.Queue()
+    start, out = CONTEXT.Event(), CONTEXT.Queue()
     processes = [
         run(_attempts, spec, policy, start, out, ATTEMPTS // PROCESSES) for _ in range(PROCESSES)
     ]
@@ -123,10 +124,10 @@ def test_a_probe_held_by_a_killed_process_is_freed_when_its_lease_ends(spec: Spe
     policy = BreakerPolicy(failure_threshold=2, cooldown=0.2, max_cooldown=60, half_open_probes=1)
     half_open(spec, policy)
     lease = 1.0
-    out = multiprocessing.get_context("fork").Queue()
-    taken = time.monotonic()
+    out = CONTEXT.Queue()
     victim = run(_hold_probe, spec, policy, lease, out)
-    assert out.get(timeout=30) is True
+    took, taken = out.get(timeout=30)
+    assert took
     os.kill(victim.pid or 0, signal.SIGKILL)
     victim.join(10)
     store = build(spec)

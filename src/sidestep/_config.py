@@ -45,6 +45,8 @@ __all__ = [
     "FailureRate",
     "Route",
     "SidestepConfigWarning",
+    "SqliteStoreSettings",
+    "StoreSettings",
     "SuspensionWindow",
     "Suspensions",
     "Target",
