@@ -61,7 +61,7 @@ def _store_rows(url: str, quick: bool) -> list[Row]:
 
     # As if the origin were always unhealthy: the keys go along in every call.
     with_keys._hot[ORIGIN] = None
-    with_keys._note = lambda origin, unhealthy: None  # type: ignore[method-assign]
+    with_keys._calls._note = lambda origin, unhealthy: None  # type: ignore[method-assign]
 
     def keys_sent(body: bytes) -> Callable[[], float]:
         return lambda: pair_us(with_keys, n, body)

@@ -38,7 +38,9 @@ from drivers import route
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, FailureRate, Suspensions
-from sidestep._redis import RedisStore, _LocalTicket, _RedisTicket
+from sidestep._failopen import LocalTicket
+from sidestep._redis import RedisStore
+from sidestep._redis_calls import RedisTicket
 from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
 from upstream import Hang, Respond, Upstream, wait_for
@@ -295,7 +297,7 @@ async def test_an_async_call_is_bounded_as_a_whole_by_the_timeout(
     started = time.monotonic()
     admission = await store.admit_async(facts(store), BreakerPolicy(), 0)
     waited = time.monotonic() - started
-    assert isinstance(admission.ticket, _LocalTicket) and store.fallbacks == 1
+    assert isinstance(admission.ticket, LocalTicket) and store.fallbacks == 1
     assert 0.25 <= waited < 2 * 0.25
     await store.aclose()
 
@@ -479,7 +481,7 @@ def test_a_timed_out_admission_gives_its_probe_slot_back(
 
     proxy.hold(1, 1.0)  # only the admission's reply is late: the drop goes through at once
     late = slow.admit(facts(slow), ONE_PROBE, 10.0)
-    assert isinstance(late.ticket, _LocalTicket) and slow.fallbacks == 1
+    assert isinstance(late.ticket, LocalTicket) and slow.fallbacks == 1
     assert leases(redis_server, slow, key) == {}
     probe = direct.admit(facts(direct), ONE_PROBE, 10.0).ticket
     assert probe is not None and probe.probes
@@ -487,7 +489,7 @@ def test_a_timed_out_admission_gives_its_probe_slot_back(
 
     proxy.delay = 1.0  # every reply is late: the drop waits
     late = slow.admit(facts(slow), ONE_PROBE, 10.0)
-    assert isinstance(late.ticket, _LocalTicket) and slow.fallbacks == 2
+    assert isinstance(late.ticket, LocalTicket) and slow.fallbacks == 2
     assert len(leases(redis_server, slow, key)) == 1  # taken by the lost admission
     assert direct.admit(facts(direct), ONE_PROBE, 10.0).ticket is None
     proxy.delay = 0.0
@@ -506,7 +508,7 @@ def test_an_admission_reaching_redis_after_its_drop_takes_nothing(
     store = store_on(redis_server.url)
     open_scope(store, ONE_PROBE)
     key = model_scope(store)
-    monkeypatch.setattr("sidestep._redis._token", lambda keys: "given-up")
+    monkeypatch.setattr("sidestep._redis_calls._token", lambda keys: "given-up")
     store._queue_drops([("given-up", "5000", "1", key.scope_id)])
     store._send_drops()  # the drop overtook its admission
     assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None
@@ -528,7 +530,7 @@ def test_stores_forked_from_one_parent_never_free_each_others_probes(redis_url: 
 
     def child() -> None:  # pragma: no cover - runs in the forked process
         ticket = store.admit(facts(store), p, 5.0).ticket
-        assert isinstance(ticket, _RedisTicket) and ticket.probes
+        assert isinstance(ticket, RedisTicket) and ticket.probes
         theirs.send(ticket.token)
         theirs.recv()  # the parent holds its own probe now
         store.release(ticket)
@@ -539,7 +541,7 @@ def test_stores_forked_from_one_parent_never_free_each_others_probes(redis_url: 
     try:
         child_token = mine.recv()
         probe = store.admit(facts(store), p, 5.0).ticket
-        assert isinstance(probe, _RedisTicket) and probe.probes
+        assert isinstance(probe, RedisTicket) and probe.probes
         assert probe.token != child_token
         mine.send("go")
         assert mine.recv() == "released"
@@ -668,7 +670,7 @@ def test_falls_back_to_memory_and_returns_when_redis_answers(own_redis: RedisSer
         assert store.record(redis_ticket, FAIL, p, Suspensions(), 0) == ()  # dropped
         local = [store.admit(facts(store), p, 0).ticket for _ in range(5)]
         assert store.fallbacks == 1  # one failed call, then memory until the retry is due
-        assert all(isinstance(t, _LocalTicket) for t in local)
+        assert all(isinstance(t, LocalTicket) for t in local)
         for t in local[:2]:
             assert t is not None
             store.record(t, FAIL, p, Suspensions(), 0)  # recorded in memory
@@ -677,11 +679,11 @@ def test_falls_back_to_memory_and_returns_when_redis_answers(own_redis: RedisSer
 
         def back_on_redis() -> bool:
             ticket = store.admit(facts(store, model="other"), p, 1).ticket
-            return isinstance(ticket, _RedisTicket)
+            return isinstance(ticket, RedisTicket)
 
         wait_for(back_on_redis)
         back = store.admit(facts(store), p, 1)
-        assert isinstance(back.ticket, _RedisTicket)  # Redis's state: not opened there
+        assert isinstance(back.ticket, RedisTicket)  # Redis's state: not opened there
         store.record(back.ticket, FAIL, p, Suspensions(), 1)
         assert [s.failures for s in store.snapshot(1)] == [1]
     assert [e["event"] for e in logs] == ["store.unavailable", "store.recovered"]
@@ -696,18 +698,18 @@ def test_local_state_is_forgotten_when_redis_answers_again(own_redis: RedisServe
     own_redis.stop()
     open_scope(store, p)  # in memory
     late = store.admit(facts(store, model="late"), p, 0).ticket
-    assert isinstance(late, _LocalTicket)
+    assert isinstance(late, LocalTicket)
     assert store.admit(facts(store), p, 1).ticket is None
     own_redis.start()
     back = store.admit(facts(store), p, 1)
-    assert isinstance(back.ticket, _RedisTicket)
+    assert isinstance(back.ticket, RedisTicket)
     assert store.snapshot(1) == [] and len(store._fallback) == 0
     late_model = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
     store.record(late, late_model, p, Suspensions(), 1)  # to the store that issued it
     assert len(store._fallback) == 0 and store.snapshot(1) == []
     own_redis.stop()  # the next outage
     again = store.admit(facts(store), p, 2)
-    assert isinstance(again.ticket, _LocalTicket) and again.refusal is None
+    assert isinstance(again.ticket, LocalTicket) and again.refusal is None
     store.close()
 
 

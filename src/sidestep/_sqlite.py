@@ -25,17 +25,17 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from dataclasses import replace
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from ._circuit import Bucket, Circuit, State
+from . import _sqlite_file as sqlite_file
+from ._circuit import Circuit
 from ._classify import Kind, Verdict
 from ._failopen import FailOpen, LocalTicket
-from ._scopes import ScopeFacts, ScopeKey, ScopeKind
+from ._scopes import ScopeFacts, ScopeKey
 from ._store import (
     DEFAULT_MAX_SCOPES,
     Admission,
@@ -43,8 +43,6 @@ from ._store import (
     ScopeStatus,
     Ticket,
     Transition,
-    _Origin,
-    _Scopes,
 )
 
 if TYPE_CHECKING:
@@ -62,23 +60,6 @@ _UNAVAILABLE = (sqlite3.Error, OSError)
 # A verdict on a ticket the file issued can only go to the file; an operator's
 # clear must reach it too. Both are tried even while the file is deemed away.
 _ALWAYS_TRIED = frozenset({"record", "release", "clear"})
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS scopes (
-    key TEXT PRIMARY KEY, kind TEXT NOT NULL, origin TEXT NOT NULL, credential TEXT NOT NULL,
-    detail TEXT NOT NULL, state TEXT NOT NULL, failures INTEGER NOT NULL,
-    generation INTEGER NOT NULL, born INTEGER NOT NULL, retry_at REAL NOT NULL,
-    window REAL NOT NULL, reason TEXT, rate TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, forgot INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (
-    key TEXT NOT NULL, token TEXT NOT NULL, generation INTEGER NOT NULL, until REAL NOT NULL,
-    PRIMARY KEY (key, token)
-);
-"""
-
-_Row = tuple[Any, ...]
 
 
 class _SqliteTicket(Ticket):
@@ -103,7 +84,7 @@ class _Transaction:
         self._store = store
         self.mutex = threading.Lock()
         self.lease = DEFAULT_PROBE_LEASE
-        self.added: list[tuple[ScopeKey, str, int, float]] = []
+        self.added: list[sqlite_file.Lease] = []
         self.removed: list[tuple[ScopeKey, str]] = []
         self._entries: dict[ScopeKey, Circuit] = {}
         self._forgot: dict[str, int] = {}
@@ -127,7 +108,7 @@ class _Transaction:
     ) -> None:
         try:
             if kind is None:
-                self._store._commit(self._entries, self._forgot, self._seq, self)
+                self._store._commit((self._entries, self._forgot, self._seq))
             else:
                 self._store._rollback()
         finally:
@@ -416,7 +397,7 @@ class SqliteStore(MemoryStore):
             conn = self._connection()
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._version:
-                with _immediate(conn, "BEGIN"):
+                with sqlite_file.immediate(conn, "BEGIN"):
                     self._load(conn, version)
         except _UNAVAILABLE as exc:
             self._lost(exc)
@@ -430,42 +411,21 @@ class SqliteStore(MemoryStore):
     def _connection(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
-        if not os.path.exists(self._path):
-            # Created readable by its owner only: it may hold the fingerprint key.
-            os.close(os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600))
-        conn = sqlite3.connect(
-            self._path, timeout=self._timeout, isolation_level=None, check_same_thread=False
-        )
+        # A window that ended more than `ttl` ago is forgotten as the file is opened
+        # (one that ended since lets a probe through: that it stays is right).
+        forget_before = -math.inf if self._caller_clock else time.time() - self._ttl
+        conn = sqlite_file.connect(self._path, self._timeout, forget_before)
         try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            with _immediate(conn):
-                # A window that ended more than `ttl` ago is forgotten as the file is opened
-                # (one that ended since would let a probe through: that it stays is right).
-                now = -math.inf if self._caller_clock else time.time()
-                conn.execute(
-                    "DELETE FROM scopes WHERE state = 'open' AND retry_at <= ?", (now - self._ttl,)
-                )
             if self._adopt_key:
-                self._take_key(conn)
+                # Every process on the file shares credential scopes.
+                self.fingerprint._key = sqlite_file.take_key(conn).encode()
+                self._adopt_key = False
         except BaseException:
             conn.close()
             raise
         self._conn = conn
         self._version = -1
         return conn
-
-    def _take_key(self, conn: sqlite3.Connection) -> None:
-        """Adopt the fingerprint key kept in the file, made by the first process to open it,
-        so that every process on the file shares credential scopes."""
-        with _immediate(conn):
-            conn.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('fingerprint_key', ?)", (secrets.token_hex(32),)
-            )
-            key = conn.execute("SELECT value FROM meta WHERE name = 'fingerprint_key'").fetchone()
-        self.fingerprint._key = key[0].encode()
-        self._adopt_key = False
 
     def _begin(self) -> None:
         conn = self._connection()
@@ -480,84 +440,21 @@ class SqliteStore(MemoryStore):
             raise
 
     def _load(self, conn: sqlite3.Connection, version: int) -> None:
-        """Read the whole file into a fresh view (only unhealthy scopes are kept: few)."""
-        leases: dict[tuple[str, int], int] = {}
-        for key, generation, count in conn.execute(
-            "SELECT key, generation, COUNT(*) FROM leases WHERE until > ? GROUP BY key, generation",
-            (time.time(),),
-        ):
-            leases[key, generation] = count
-        state = _Scopes()
-        for row in conn.execute("SELECT * FROM scopes ORDER BY born, rowid"):
-            key, c = _circuit(row)
-            if c.state is State.HALF_OPEN:
-                c = replace(c, probes=leases.get((row[0], c.generation), 0))
-            state.entries[key] = c
-            state.origins.setdefault(key.origin, _Origin()).unhealthy += 1
-        for origin, forgot in conn.execute("SELECT origin, forgot FROM origins"):
-            state.origins.setdefault(origin, _Origin()).forgot = forgot
-        seq = conn.execute("SELECT value FROM meta WHERE name = 'seq'").fetchone()
-        self._seq = int(seq[0]) if seq else 0
-        self._state = state
+        self._state, self._seq = sqlite_file.load(conn)
         self._version = version
 
-    def _commit(
-        self,
-        entries: dict[ScopeKey, Circuit],
-        forgot: dict[str, int],
-        seq: int,
-        tx: _Transaction,
-    ) -> None:
+    def _commit(self, before: tuple[dict[ScopeKey, Circuit], dict[str, int], int]) -> None:
         """Write what the operation changed in the view, then commit."""
         conn = self._conn
         assert conn is not None
+        tx = self._tx
         try:
-            state = self._state
-            for key, c in state.entries.items():
-                before = entries.get(key)
-                if before is c:
-                    continue
-                if before is None or _row(key, before) != _row(key, c):
-                    conn.execute(
-                        "INSERT OR REPLACE INTO scopes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                        _row(key, c),
-                    )
-                if c.state is not State.HALF_OPEN:
-                    conn.execute("DELETE FROM leases WHERE key = ?", (key.key,))
-                elif before is None or before.generation != c.generation:
-                    conn.execute(
-                        "DELETE FROM leases WHERE key = ? AND generation <> ?",
-                        (key.key, c.generation),
-                    )
-            for key in entries.keys() - state.entries.keys():
-                conn.execute("DELETE FROM scopes WHERE key = ?", (key.key,))
-                conn.execute("DELETE FROM leases WHERE key = ?", (key.key,))
-            for name, origin in state.origins.items():
-                if forgot.get(name) != origin.forgot:
-                    conn.execute(
-                        "INSERT OR REPLACE INTO origins VALUES (?, ?)", (name, origin.forgot)
-                    )
-            for name in forgot.keys() - state.origins.keys():
-                conn.execute("DELETE FROM origins WHERE origin = ?", (name,))
-            if self._seq != seq:
-                conn.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(self._seq),))
-            for key, token, generation, until in tx.added:
-                conn.execute(
-                    "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)",
-                    (key.key, token, generation, until),
-                )
-            freed = set()
-            for key, token in tx.removed:
-                gone = conn.execute(
-                    "DELETE FROM leases WHERE key = ? AND token = ?", (key.key, token)
-                ).rowcount
-                if not gone:
-                    freed.add(key)  # its lease had ended: the count was lowered already
+            ended = sqlite_file.write(conn, before, (self._state, self._seq), tx.added, tx.removed)
             conn.execute("COMMIT")
         except BaseException:
             self._rollback()
             raise
-        if freed:
+        if ended:
             self._version = -1  # count the leases again at the next operation
 
     def _rollback(self) -> None:
@@ -588,69 +485,3 @@ class SqliteStore(MemoryStore):
         self._conn = None
         self._version = -1
         self._tx.mutex = threading.Lock()
-
-
-@contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Iterator[None]:
-    """One transaction: committed if the block ends well, else rolled back."""
-    conn.execute(begin)
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def _row(key: ScopeKey, c: Circuit) -> _Row:
-    rate = ";".join(f"{b.index}:{b.successes}:{b.failures}" for b in c.rate)
-    return (
-        key.key,
-        key.kind.value,
-        key.origin,
-        key.credential,
-        key.model or key.endpoint,
-        c.state.value,
-        c.failures,
-        c.generation,
-        c.born,
-        c.retry_at,
-        c.window,
-        c.reason,
-        rate,
-    )
-
-
-def _circuit(row: _Row) -> tuple[ScopeKey, Circuit]:
-    (
-        _,
-        kind,
-        origin,
-        credential,
-        detail,
-        state,
-        failures,
-        gen,
-        born,
-        retry_at,
-        window,
-        reason,
-        rate,
-    ) = row
-    k = ScopeKind(kind)
-    if k is ScopeKind.ENDPOINT:
-        key = ScopeKey(k, origin, credential, endpoint=detail)
-    else:
-        key = ScopeKey(k, origin, credential, detail)
-    buckets = tuple(Bucket(*(int(n) for n in part.split(":"))) for part in rate.split(";") if part)
-    return key, Circuit(
-        state=State(state),
-        failures=failures,
-        generation=gen,
-        born=born,
-        retry_at=retry_at,
-        window=window,
-        reason=reason,
-        rate=buckets,
-    )
