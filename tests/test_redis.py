@@ -66,7 +66,13 @@ def proxy(redis_server: RedisServer) -> Iterator[DelayProxy]:
 
 
 def store_on(url: str, **kw: Any) -> RedisStore:
-    """A store on a fresh prefix whose windows follow the caller's (fake) clock."""
+    """A store on a fresh prefix whose windows follow the caller's (fake) clock.
+
+    Its mirror is off unless asked for: these tests count and delay the round
+    trips a store makes without one, as it does while its mirror is not live
+    (test_redis_mirror.py tests the mirror; the store suite runs with it).
+    """
+    kw.setdefault("mirror", False)
     store = RedisStore(url, prefix=kw.pop("prefix", None) or fresh_prefix(), **kw)
     store._caller_clock = True
     return store
@@ -242,7 +248,7 @@ def test_redis_store_answers_exactly_like_memory_store(
 
 
 def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
-    """A healthy origin costs one script call per admission and per verdict; an origin known unhealthy sends its keys in the first call."""
+    """Without a live mirror, a healthy origin costs one script call per admission and per verdict; an origin known unhealthy sends its keys in the first call."""
     store = store_on(redis_url)
     calls: list[str] = []
     script = store._script
@@ -266,7 +272,7 @@ def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
 
 
 def test_a_new_connection_costs_three_replies_then_one_per_call(proxy: DelayProxy) -> None:
-    """A new connection costs three replies before the call's own (none for CLIENT SETINFO, no NOSCRIPT detour): authentication, loading the script, the call; later calls cost one."""
+    """A new connection costs three replies before the call's own (none for CLIENT SETINFO, no NOSCRIPT detour): authentication, loading the script, the call; later calls cost one (the mirror off: its subscription has a connection of its own)."""
     store = store_on(proxy.url)
     p = BreakerPolicy()
     store.admit(facts(store), p, 0)
@@ -436,7 +442,7 @@ def test_a_request_cancelled_as_the_store_times_out_is_not_sent(
     proxy: DelayProxy, a: Upstream, b: Upstream
 ) -> None:
     """Requests cancelled as Redis's time runs out raise CancelledError and none is sent upstream (on Python 3.10 the store's timeout took the cancellation for its own, served them from memory and sent them)."""
-    store = _CancelledAsItTimesOut(proxy.url, prefix=fresh_prefix(), timeout=0.1)
+    store = _CancelledAsItTimesOut(proxy.url, prefix=fresh_prefix(), timeout=0.1, mirror=False)
     transport = sidestep.AsyncFailoverTransport(
         route(("a", a.url + "/v1"), ("b", b.url + "/v1")), store=store
     )
@@ -875,7 +881,7 @@ async def test_async_transport_shares_state_through_the_async_methods(
 
 
 def test_async_clients_close_with_their_event_loop(own_redis: RedisServer) -> None:
-    """Twenty asyncio.run() calls through one store leave no connection of theirs open, and aclose closes the running loop's client but not the sync one."""
+    """Twenty asyncio.run() calls through one store leave no connection of theirs open, and aclose closes the running loop's client but not the sync one (the mirror off: its subscription has a connection of its own)."""
     store = store_on(own_redis.url)
     p = BreakerPolicy()
     with own_redis.client() as admin:

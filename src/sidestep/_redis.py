@@ -43,6 +43,7 @@ from ._redis_client import (
     keeper,
     on_asyncio,
 )
+from ._redis_mirror import Mirror
 from ._redis_scripts import SCRIPT
 from ._scopes import Fingerprinter, ScopeFacts
 from ._store import DEFAULT_MAX_SCOPES, Admission, MemoryStore, ScopeStatus, Ticket, Transition
@@ -134,6 +135,7 @@ class RedisStore:
         ttl: float = DEFAULT_TTL,
         max_scopes: int = DEFAULT_MAX_SCOPES,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
+        mirror: bool = True,
     ) -> None:
         self._where = display(url)
         for name, value in (("timeout", timeout), ("ttl", ttl), ("probe_lease", probe_lease)):
@@ -185,6 +187,11 @@ class RedisStore:
         self._async: dict[asyncio.AbstractEventLoop, LoopClient] = {}
         self._lock = threading.Lock()
         self._drops: list[tuple[str, ...]] = []
+        self._mirror: Mirror | None = None
+        if mirror:
+            self._mirror = self._calls.mirror = Mirror(
+                client, f"{prefix}:m", self._origins, retry_interval=retry_interval
+            )
 
     # Private test hooks and views: windows following the caller's `now` instead of the
     # server's clock (so fake-clock tests drive every store alike), the local fallback,
@@ -219,12 +226,19 @@ class RedisStore:
         return int(self._run("count", self._calls.one("count"), self._fallback.__len__))
 
     def close(self) -> None:
-        """Close the sync client's connections (used again, it reconnects).
+        """Stop the mirror's listener and close the sync client's connections (used
+        again, the store reconnects and starts the listener again).
 
         The sync methods use that client, and so do the async ones under trio.
         Async clients under asyncio close with their event loop, or with `aclose`.
         """
+        if self._mirror is not None:
+            self._mirror.stop()
         self._client.close()
+
+    def _origins(self) -> Any:
+        """The mirror's snapshot: the sequence, and the origins with unhealthy scopes."""
+        return self._script(keys=(), args=self._calls.head("origins", 0.0))
 
     async def aclose(self) -> None:
         """Close the running asyncio event loop's client; the sync client stays open (`close`)."""

@@ -26,6 +26,7 @@ from ._store import Admission, Refusal, ScopeStatus, Ticket, Transition, verdict
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
+    from ._redis_mirror import Mirror
 
 __all__ = ["Call", "Calls", "RedisTicket", "Steps", "ms", "origin_hash"]
 
@@ -80,6 +81,7 @@ class Calls:
         # Windows follow the caller's `now` instead of the server's clock (a test hook).
         self.caller_clock = False
         self.hot: dict[str, None] = {}
+        self.mirror: Mirror | None = None  # set by a store that keeps one
 
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None
@@ -88,6 +90,9 @@ class Calls:
         # healthy path never parses a body or hashes a credential; one seen
         # unhealthy sends its keys at once. Either way: one round trip, unless
         # the origin changed since this process last looked.
+        mirror = self.mirror
+        if mirror is not None and mirror.healthy(facts.origin):
+            return Admission(RedisTicket(facts, mirror.seq))  # no round trip
         lease_ms = self.lease_ms if lease is None else ms(lease)
         keys = facts.keys() if facts.origin in self.hot else ()
         token = _token(keys)
@@ -97,7 +102,7 @@ class Calls:
             token = _token(keys)
             reply = yield self._admit_call(facts, keys, token, lease_ms, policy, now)
         status, seq, sick, gens, probes, refused, changes = reply
-        self._note(facts.origin, sick)
+        self._note(facts.origin, sick, int(seq))
         if status == _HEALTHY:
             return Admission(RedisTicket(facts, int(seq)))
         refusal = None
@@ -156,6 +161,8 @@ class Calls:
         keys: tuple[ScopeKey, ...]
         if verdict.kind is Kind.SUCCESS:
             if ticket.generations is None and not ticket.probes and origin not in self.hot:
+                if self.mirror is not None and self.mirror.healthy(origin):
+                    return ()  # the healthy path: no round trip
                 reply = yield Call(self._record_args(ticket, None, now))
                 self._note(origin, reply[1])
                 if reply[0] != _NEED_KEYS:
@@ -244,8 +251,11 @@ class Calls:
 
     # -- small helpers ------------------------------------------------------------
 
-    def _note(self, origin: str, unhealthy: Any) -> None:
-        """Remember whether `origin` has unhealthy scopes, for the next admission's shape."""
+    def _note(self, origin: str, unhealthy: Any, seq: int | None = None) -> None:
+        """Remember whether `origin` has unhealthy scopes, for the next admission's shape
+        (and the mirror's view, `seq` being the reply's step of the sequence)."""
+        if self.mirror is not None:
+            self.mirror.saw(origin, bool(int(unhealthy)), seq)
         if int(unhealthy):
             if origin not in self.hot:
                 if len(self.hot) >= _MAX_HOT:
