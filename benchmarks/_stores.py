@@ -28,9 +28,9 @@ SUSPENSIONS = Suspensions()
 Store = Any  # any StateStore
 
 
-def facts(store: Store, body: bytes = b'{"model": "m"}') -> ScopeFacts:
+def facts(store: Store, body: bytes = b'{"model": "m"}', origin: str = ORIGIN) -> ScopeFacts:
     return ScopeFacts(
-        ORIGIN,
+        origin,
         headers={"authorization": "Bearer k"},
         userinfo="",
         body=body,
