@@ -134,7 +134,8 @@ def _transport_rows(url: str, quick: bool) -> list[Row]:
             },
             runs,
         )
-        assert redis_store.fallbacks == 0 and mirrored.fallbacks == 0
+        assert redis_store.fallbacks == 0
+        assert mirrored.fallbacks == 0
     finally:
         redis_store.close()
         mirrored.close()

@@ -80,6 +80,12 @@ T = TypeVar("T")
 class RedisStore:
     """Circuit state in Redis, shared by every process and host that uses the same `prefix`.
 
+    While its mirror is live (see ``mirror``), a request to an origin with no
+    unhealthy scope is admitted, and its success recorded, without talking to
+    Redis; failures, probes and transitions go to Redis. Until the mirror's
+    first snapshot, and from a lost subscription until the next one, every
+    admission asks Redis: never a stale "healthy".
+
     Args:
         url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``,
             ``unix://``); the password never appears in logs, errors or reprs.
@@ -105,6 +111,10 @@ class RedisStore:
             expiring is forgotten.
         retry_interval: while Redis is down, try it again at most this often
             (one caller tries; the others stay on memory until it knows).
+        mirror: keep a mirror of the origins with unhealthy scopes, followed
+            by pub/sub from a daemon listener thread (started by the first
+            admission, stopped by `close`), so that a healthy origin costs no
+            round trip. False: no thread, a round trip per admission and verdict.
 
     While Redis is unreachable or slow, the store serves from a local
     `MemoryStore`, emits ``store.unavailable`` and counts ``fallbacks``; each
