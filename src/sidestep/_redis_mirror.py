@@ -192,4 +192,5 @@ def _after_fork() -> None:
         mirror.forked()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+if hasattr(os, "register_at_fork"):  # POSIX only: elsewhere nothing forks
+    os.register_at_fork(after_in_child=_after_fork)

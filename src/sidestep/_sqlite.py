@@ -123,7 +123,8 @@ def _after_fork() -> None:
         store._forked()
 
 
-os.register_at_fork(after_in_child=_after_fork)
+if hasattr(os, "register_at_fork"):  # POSIX only: elsewhere nothing forks
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 class SqliteStore(MemoryStore):
