@@ -4,7 +4,8 @@ The semantics themselves are pinned by tests/test_store.py, which runs every
 store test on both stores; here a random differential test holds RedisStore
 to MemoryStore's answers, socket-level tests stage slow, lost and missing
 replies (`DelayProxy`, a silent socket, a stopped server), and the
-transports run in four spawned worker processes sharing one prefix.
+transports run in four spawned worker processes sharing one prefix, or one
+SQLite file: those multi-process tests run on `SqliteStore` too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -42,6 +44,7 @@ from sidestep._failopen import LocalTicket
 from sidestep._redis import RedisStore
 from sidestep._redis_calls import RedisTicket
 from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
+from sidestep._sqlite import SqliteStore
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
 from upstream import Hang, Respond, Upstream, wait_for
 
@@ -920,7 +923,9 @@ def _worker(inbox: Any, outbox: Any) -> None:  # pragma: no cover - runs in a ch
         key = json.dumps([job["config"], job["store"]], sort_keys=True)
         with lock:
             if key not in clients:
-                store = RedisStore(**job["store"])
+                spec = dict(job["store"])
+                shared: Any = SqliteStore if spec.pop("kind", "redis") == "sqlite" else RedisStore
+                store = shared(**spec)
                 transport = sidestep.FailoverTransport(job["config"], store=store)
                 clients[key] = httpx.Client(transport=transport, timeout=10)
             return clients[key]
@@ -947,7 +952,7 @@ def _worker(inbox: Any, outbox: Any) -> None:  # pragma: no cover - runs in a ch
 
 
 class Workers:
-    """Spawned processes running sidestep's sync transport over RedisStore, driven by jobs."""
+    """Spawned processes running sidestep's sync transport over a shared store, driven by jobs."""
 
     def __init__(self, n: int) -> None:
         context = multiprocessing.get_context("spawn")
@@ -1018,12 +1023,21 @@ def pair() -> Iterator[tuple[Upstream, Upstream]]:
     backup.close()
 
 
+@pytest.fixture(params=["redis", "sqlite"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Where the workers share state: a fresh prefix on the session's Redis, or a fresh file."""
+    if request.param == "sqlite":
+        return {"kind": "sqlite", "path": str(tmp_path / "state.db")}
+    url = request.getfixturevalue("redis_url")
+    return {"kind": "redis", "url": url, "prefix": fresh_prefix(), "fingerprint_key": "shared"}
+
+
 def job(
-    url: str, primary: Upstream, backup: Upstream, n: int = 1, **breaker: Any
+    where: dict[str, Any], primary: Upstream, backup: Upstream, n: int = 1, **breaker: Any
 ) -> dict[str, Any]:
-    """A job: `n` GETs through a route primary -> backup, with a RedisStore on `url`."""
-    store = {"url": url, "prefix": breaker.pop("prefix"), "fingerprint_key": "shared-secret"}
-    store.update(breaker.pop("store", {}))
+    """A job: `n` GETs through a route primary -> backup, sharing state `where` says
+    (``store=`` adds arguments of the store)."""
+    store = {**where, **breaker.pop("store", {})}
     failover = breaker.pop("failover", {})
     return {
         "config": route(
@@ -1040,12 +1054,12 @@ def job(
 
 @pytest.mark.slow
 def test_failures_in_one_process_make_every_process_skip_the_target(
-    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+    workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
     """After failure_threshold failures seen by one process, no process sends the target another call."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
-    spec = job(redis_url, primary, backup, prefix=fresh_prefix())
+    spec = job(shared, primary, backup)
     assert workers.run(0, **{**spec, "n": 2}) == ["200 backup"] * 2
     assert primary.calls == 2
     assert workers.everywhere(**{**spec, "n": 5}) == ["200 backup"] * 20
@@ -1054,12 +1068,12 @@ def test_failures_in_one_process_make_every_process_skip_the_target(
 
 @pytest.mark.slow
 def test_exactly_half_open_probes_across_processes(
-    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+    workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
     """After the window, exactly half_open_probes requests over all processes reach the target; their success closes it for everyone."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
-    spec = job(redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.5, half_open_probes=2)
+    spec = job(shared, primary, backup, cooldown=0.5, half_open_probes=2)
     workers.run(0, **{**spec, "n": 2})
     gate = threading.Event()
     primary.behaviour = lambda seen: Respond(body="primary", gate=gate)
@@ -1077,14 +1091,14 @@ def test_exactly_half_open_probes_across_processes(
 
 @pytest.mark.slow
 def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
-    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+    workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
     """A process killed while holding the probe keeps the slot only until its lease (here the request's total_timeout) ends; then another process probes."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
     lease = 6.0  # room for spawning and importing while several test runs share the cores
     spec = job(
-        redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3,
+        shared, primary, backup, cooldown=0.3,
         failover={"total_timeout": lease},
     )  # fmt: skip
     workers.run(0, **{**spec, "n": 2})
@@ -1116,7 +1130,8 @@ def test_redis_outage_mid_traffic_fails_no_request_and_sharing_resumes(
 ) -> None:
     """Redis stopped and restarted under traffic from four processes: every request succeeds, and afterwards state is shared again."""
     primary, backup = pair
-    spec = job(own_redis.url, primary, backup, prefix=fresh_prefix(), store={"retry_interval": 0.2})
+    redis_spec = {"kind": "redis", "url": own_redis.url, "prefix": fresh_prefix()}
+    spec = job(redis_spec, primary, backup, store={"retry_interval": 0.2})
     ids = [workers.submit(w, **{**spec, "n": 40, "pause": 0.02}) for w in range(4)]
     wait_for(lambda: primary.calls >= 20)
     own_redis.stop()
