@@ -35,6 +35,7 @@ SCENARIOS = (
     "ratelimit",
     "scale",
     "redis_store",
+    "sqlite_store",
 )
 Row = dict[str, Any]
 

@@ -169,8 +169,8 @@ class Listing:
         return _cleared(row, who) if done else None
 
     def _answered(self) -> None:
-        # a RedisStore that is down serves from its local fallback (and says so)
-        if getattr(self.store, "_down", False):
+        # a shared store that is away serves from its local stand-in (and says so)
+        if not getattr(self.store, "available", True):
             raise StoreUnavailable
 
 
