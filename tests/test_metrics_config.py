@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 
 import sidestep
 from drivers import route
@@ -46,6 +46,23 @@ def test_install_enables_both_from_the_configuration(disabled: None) -> None:
         assert len(otel._active) == 2  # metrics and spans
     finally:
         sidestep.uninstall()
+
+
+def test_the_configuration_keeps_metrics_the_application_enabled_in_its_own_registry(
+    a: Upstream, disabled: None
+) -> None:
+    """With sidestep's Prometheus metrics enabled into the application's own registry, `install()` with `prometheus: true` still builds clients, and their requests count in that registry."""
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    sidestep.install(route(("a", a.url + "/v1"), observability={"prometheus": True}))
+    try:
+        with httpx.Client() as client:
+            assert client.get(a.url + "/v1/x").text == "a"
+    finally:
+        sidestep.uninstall()
+    labels = {"route": "chat", "outcome": "served"}
+    assert registry.get_sample_value("sidestep_requests_total", labels) == 1
+    assert REGISTRY.get_sample_value("sidestep_requests_total", labels) is None
 
 
 def test_nothing_is_enabled_by_default(disabled: None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +15,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 import sidestep
 from drivers import FakeClock, MakeDriver, route
 from otel_capture import Captured, captured
-from upstream import Hang, Respond, Seen, Upstream
+from sidestep.metrics import otel as sidestep_otel
+from upstream import Hang, Respond, Seen, Upstream, wait_for
 
 
 def unavailable(seen: Seen) -> Respond:
@@ -169,3 +171,30 @@ def test_unrouted_requests_have_no_span_but_count(
     d.get(a.url + "/path?q=1")
     assert otel.spans() == []
     assert otel.value("sidestep.attempts", route="", target=a.url, result="success") == 1
+
+
+def test_disable_while_a_request_is_in_flight_still_ends_its_spans(a: Upstream) -> None:
+    """`otel.disable()` while a sync request waits for its answer: the request still ends its spans, and its thread's current span is no longer sidestep's; a request after that opens no span."""
+    a.behaviour = lambda seen: Hang()
+    after: list[trace.Span] = []
+    with captured() as capture:
+        transport = sidestep.FailoverTransport(route(("a", a.url + "/v1")))
+        with httpx.Client(transport=transport, timeout=0.5) as client:
+
+            def call() -> None:
+                with pytest.raises(httpx.ReadTimeout):
+                    client.get(a.url + "/v1/x")
+                after.append(trace.get_current_span())
+
+            thread = threading.Thread(target=call)
+            thread.start()
+            wait_for(lambda: a.calls == 1)
+            sidestep_otel.disable()
+            thread.join(10)
+            assert after == [trace.INVALID_SPAN]
+            ended = {s.name: s for s in capture.spans()}
+            assert set(ended) == {"sidestep chat", "sidestep chat a"}
+            assert ended["sidestep chat a"].attributes["sidestep.result"] == "timeout"
+            a.behaviour = lambda seen: Respond(body="a")
+            assert client.get(a.url + "/v1/x").text == "a"
+            assert len(capture.spans()) == 2

@@ -198,3 +198,35 @@ def test_two_scopes_of_one_target_and_kind_count_apart() -> None:
     assert transition("m1", "half_open", "closed") == -1
     assert transition("m2", "open", "half_open") == 0
     assert transition("m2", "half_open", "closed") == -1
+
+
+def test_a_scope_shared_by_two_targets_leaves_the_gauge_under_the_labels_it_came_in(
+    make: MakeDriver, a: Upstream, b: Upstream, registry: CollectorRegistry
+) -> None:
+    """One upstream named `openai` in one route and `oai` in another is one scope: opened through the first and closed through the second, the gauge goes back to 0 under `openai` and never below 0 under `oai`."""
+    clock = FakeClock()
+    config = {
+        "breaker": {"failure_threshold": 1, "cooldown": 10},
+        "routes": [
+            {
+                "name": name,
+                "match": [f"http://{name}.internal/v1"],
+                "targets": [
+                    {"name": alias, "url": a.url + "/v1"},
+                    {"name": f"backup-{name}", "url": b.url + "/v1"},
+                ],
+            }
+            for name, alias in (("one", "openai"), ("two", "oai"))
+        ],
+    }
+    d = make(config, clock=clock)
+    a.behaviour = unavailable
+    assert d.get("http://one.internal/v1/x").text == "b"
+    opened = {"scope": "origin", "reason": "unavailable"}
+    assert value(registry, "sidestep_suspended", target="openai", **opened) == 1
+    a.behaviour = lambda seen: Respond(body="a")
+    clock.advance(11)
+    assert d.get("http://two.internal/v1/x").text == "a"  # the probe, through `oai`, closes it
+    assert d.transport.suspensions() == []
+    assert value(registry, "sidestep_suspended", target="openai", **opened) == 0
+    assert value(registry, "sidestep_suspended", target="oai", **opened) == 0

@@ -25,11 +25,16 @@ __all__ = ["enable_configured"]
 
 
 def enable_configured(settings: Observability) -> None:
-    """Enable what `settings` asks for, with the global registry and providers (idempotent)."""
+    """Enable what `settings` asks for, with the global registry and providers (idempotent).
+
+    What the application enabled already, into a registry or providers of its
+    own, stays as it is.
+    """
     if settings.prometheus:
         from . import prometheus
 
-        prometheus.enable()
+        if prometheus._active is None:
+            prometheus.enable()
     if settings.otel:
         from . import otel
 

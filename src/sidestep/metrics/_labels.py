@@ -127,15 +127,16 @@ class Measures:
     """Each event's measurements, by the label rules (one instance per exporter).
 
     Keeps two bounded memories: the unrouted origins labelled so far (at most
-    `max_origins`), and, by scope id, the reason each scope it saw leave
-    ``closed`` was suspended for, so that closing or clearing it takes the gauge
-    down under the same labels (two models of one target are two scopes).
+    `max_origins`), and, by scope id, the gauge labels each scope it saw leave
+    ``closed`` was counted under, so that closing or clearing it takes the gauge
+    down under those same labels (two models of one target are two scopes; one
+    scope reached through two targets' names is one).
     """
 
     def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
         self._max_origins = max_origins
         self._origins: set[str] = set()
-        self._suspended: dict[object, str] = {}  # by scope_id
+        self._suspended: dict[object, tuple[str, str, str]] = {}  # gauge labels, by scope_id
         self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
@@ -196,12 +197,9 @@ class Measures:
 
     def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
         """A scope cleared by hand: it leaves the gauge as its closing would have."""
-        _, target = self._route_target(fields)
         with self._lock:
-            reason = self._suspended.pop(fields.get("scope_id"), None)
-        if reason is None:
-            return []
-        return [(SUSPENDED, (target, _one_of(fields.get("scope"), _SCOPES), reason), -1)]
+            labels = self._suspended.pop(fields.get("scope_id"), None)
+        return [] if labels is None else [(SUSPENDED, labels, -1)]
 
     def _transition(self, fields: Mapping[str, Any]) -> list[Measure]:
         _, target = self._route_target(fields)
@@ -215,12 +213,14 @@ class Measures:
             known = self._suspended.get(key)
             if after == _CLOSED:
                 if known is not None:  # only what this process counted comes off
-                    reason = self._suspended.pop(key)
-                    measures.append((SUSPENDED, (target, scope, reason), -1))
-            elif known != reason and (before == _CLOSED or known is not None):
+                    del self._suspended[key]
+                    reason = known[2]  # a closing is labelled with what it ends
+                    measures.append((SUSPENDED, known, -1))
+            elif (known is None and before == _CLOSED) or (known and known[2] != reason):
                 if known is not None:  # suspended again, for another reason
-                    measures.append((SUSPENDED, (target, scope, known), -1))
-                measures.append((SUSPENDED, (target, scope, reason), 1))
-                self._suspended[key] = reason
+                    measures.append((SUSPENDED, known, -1))
+                labels = (known[0], known[1], reason) if known else (target, scope, reason)
+                measures.append((SUSPENDED, labels, 1))
+                self._suspended[key] = labels
         measures.append((TRANSITIONS, (target, scope, before, after, reason), 1))
         return measures

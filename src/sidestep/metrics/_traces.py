@@ -12,6 +12,7 @@ innermost open span. A request that matches no route has no span of its own.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
@@ -19,6 +20,8 @@ from urllib.parse import urlsplit
 
 from opentelemetry import context, trace
 from opentelemetry.trace import Span, Status, StatusCode
+
+from ..logging import remove_observer
 
 __all__ = ["Spans"]
 
@@ -42,12 +45,28 @@ _Open = tuple[Span, object, bool]  # the span, its context token, whether it is 
 
 
 class Spans:
-    """The observer for traces; its open spans are per thread or task (a context variable)."""
+    """The observer for traces; its open spans are per thread or task (a context variable).
+
+    `close()` opens no more spans, and leaves the observers once every span
+    still open has ended, so a request in flight still ends its spans and
+    detaches its context where it attached it.
+    """
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
         self._open: ContextVar[tuple[_Open, ...]] = ContextVar(f"sidestep_spans_{id(self)}")
         self._servers: dict[str, tuple[str, int] | tuple[()]] = {}
+        self._lock = threading.Lock()
+        self._count = 0  # spans open now, in every thread and task
+        self._closing = False
+
+    def close(self) -> None:
+        """Open no more spans; stop observing once the last open one has ended."""
+        with self._lock:
+            self._closing = True
+            drained = self._count == 0
+        if drained:
+            remove_observer(self)
 
     def __call__(self, event: str, fields: Mapping[str, Any], /) -> None:
         if event == "attempt.started":
@@ -61,8 +80,7 @@ class Spans:
                 method = fields.get("method")
                 if isinstance(method, str):
                     attributes["http.request.method"] = method
-                span = self._tracer.start_span(f"sidestep {route}", attributes=attributes)
-                self._push(span, attempt=False)
+                self._start(f"sidestep {route}", attributes, attempt=False)
         elif event == "request.finished":
             self._end_request(fields)
         elif event in _EVENTS:
@@ -70,9 +88,26 @@ class Spans:
             if opened:
                 opened[-1][0].add_event(event, _event_attributes(fields))
 
-    def _push(self, span: Span, *, attempt: bool) -> None:
-        token = context.attach(trace.set_span_in_context(span))
+    def _start(self, name: str, attributes: dict[str, Any], *, attempt: bool) -> None:
+        """Open a span and make it current, unless closing."""
+        with self._lock:
+            if self._closing:
+                return
+            self._count += 1
+        try:
+            span = self._tracer.start_span(name, attributes=attributes)
+            token = context.attach(trace.set_span_in_context(span))
+        except BaseException:
+            self._ended()
+            raise
         self._open.set((*self._open.get(()), (span, token, attempt)))
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._count -= 1
+            drained = self._closing and self._count == 0
+        if drained:
+            remove_observer(self)
 
     def _pop(self, *, attempt: bool) -> Span | None:
         opened = self._open.get(())
@@ -81,6 +116,7 @@ class Spans:
         span, token, _ = opened[-1]
         self._open.set(opened[:-1])
         context.detach(token)  # type: ignore[arg-type]
+        self._ended()
         return span
 
     def _attempt(self, fields: Mapping[str, Any]) -> None:
@@ -104,7 +140,7 @@ class Spans:
         if fields.get("probe"):
             attributes["sidestep.probe"] = True
         name = f"sidestep {fields.get('route')} {target}"
-        self._push(self._tracer.start_span(name, attributes=attributes), attempt=True)
+        self._start(name, attributes, attempt=True)
 
     def _end_attempt(self, fields: Mapping[str, Any]) -> None:
         span = self._pop(attempt=True)

@@ -106,10 +106,14 @@ def enable(
 def disable() -> None:
     """Stop reporting metrics and spans.
 
-    Call it with no request in flight: a span open now would never end.
+    A request in flight still ends the spans it opened, and detaches their
+    context, before the tracer is let go.
     """
     global _active
     with _lock:
         observers, _active = _active, ()
     for observer in observers:
-        remove_observer(observer)
+        if isinstance(observer, Spans):
+            observer.close()
+        else:
+            remove_observer(observer)
