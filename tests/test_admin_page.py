@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -97,19 +98,29 @@ def test_the_page_shows_a_real_suspension_and_its_clear_button_closes_it(
         app = sidestep.admin.app(transport, token=TOKEN)
         with serve_asgi(app, lifespan="off") as url:
             browser.get(f"{url}/")
-            wait = WebDriverWait(browser, 10, poll_frequency=0.05)
+            # the page redraws its rows as it refreshes: a row found just before is stale
+            wait = WebDriverWait(
+                browser,
+                10,
+                poll_frequency=0.05,
+                ignored_exceptions=(StaleElementReferenceException,),
+            )
             wait.until(lambda d: _row_of(d, "primary") == "open")
-            assert _row_of(browser, "backup") == "healthy"
-            countdown = browser.find_element(By.CSS_SELECTOR, "tr.open td.retry")
-            first = countdown.text
+            assert wait.until(lambda d: _row_of(d, "backup")) == "healthy"
+            first = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "tr.open td.retry").text)
             assert first.endswith("s") and 250 <= int(first[:-1]) <= 300
             wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "tr.open td.retry").text != first)
             _save(browser, "admin-open.png", tmp_path)
 
             a.behaviour = lambda seen: Respond(200, b"a")
-            button = browser.find_element(By.CSS_SELECTOR, "tr.open button.clear")
-            assert button.is_enabled()
-            button.click()
+
+            def click_clear(d: webdriver.Chrome) -> bool:
+                button = d.find_element(By.CSS_SELECTOR, "tr.open button.clear")
+                assert button.is_enabled()
+                button.click()
+                return True
+
+            wait.until(click_clear)
             wait.until(lambda d: _row_of(d, "primary") == "healthy")
             assert transport.suspensions() == []
             before = a.calls
