@@ -10,6 +10,7 @@ here; what it works out per candidate (`_candidates`), per result
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
@@ -25,11 +26,11 @@ from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
-from ._scopes import ScopeFacts, ScopeKind
-from ._store import Admission, MemoryStore, StateStore, Ticket
+from ._scopes import ScopeKind
+from ._store import MemoryStore, StateStore, Ticket
 from ._validate import body_problem
 from ._verdicts import Verdicts
-from .logging import emit
+from .logging import emit, listening
 
 __all__ = ["Core"]
 
@@ -84,45 +85,116 @@ class Core(Candidacy, Verdicts, Endings):
 
     # -- the loop ------------------------------------------------------------------
 
-    def handle(self, request: Any) -> Generator[Any, Any, Any]:
-        """Drive one request to its response (or error), yielding effects for the shell.
+    def decide(self, request: Any) -> Run:
+        """The fast decision: the request's candidates admitted, without a generator.
 
-        Each candidate in order: admission, rewrite, attempts, verdict.
+        Candidates refused are skipped as `handle` skips them; the first one
+        admitted stops the decision, its admission kept in the run for the rest
+        of the request (never taken twice). The run is `ready` when that
+        candidate is healthy and closed — no probe, no transition, nothing only
+        observed, no deadline to keep, no event anyone listens to — so the
+        shell sends its request itself and hands the response to `settle`.
+        Any other run, as any result `settle` does not take, goes on in
+        `handle`, from where the decision stopped.
         """
         run = self._start(request)
+        if self._blocking or run.deadline is not None:
+            return run  # every admission is an effect, or a deadline to check: `handle` does all
+        targets = run.cands.targets
+        for index, target in enumerate(targets):
+            facts = self._facts(run, index, target)
+            admission = self.store.admit(facts, self.breaker, self.clock())
+            if admission.ticket is None:
+                self._refused(run, target, admission)
+                continue
+            run.index, run.admission = index, admission
+            policy = run.policy
+            run.ready = (
+                not admission.transitions
+                and admission.refusal is None
+                and not admission.ticket.probes
+                and policy.first_byte_timeout is None
+                and policy.stall_timeout is None
+                and not listening(logging.DEBUG)
+            )
+            if run.ready:
+                run.sent_at = self.clock()
+            return run
+        run.index = len(targets)  # every candidate refused: `handle` ends it
+        return run
+
+    def settle(self, run: Run, response: Any) -> Any:
+        """The fast verdict on a `ready` run's response: the answer, or None for `resume`.
+
+        Taken only when the verdict is a success that is whole already (a body
+        in memory): recorded, attributed, handed over. Anything else — a
+        status the classifier must judge, a body still to peek at, a route
+        that watches rate limits — is left untouched for `resume`.
+        """
+        if (
+            response.status_code >= 400
+            or self._custom_classifier
+            or not isinstance(response.stream, self._byte_stream)
+        ):
+            return None
+        route = run.cands.route
+        if route is not None and route.avoid_rate_limits:
+            return None
+        admission = run.admission
+        assert admission is not None
+        assert admission.ticket is not None
+        run.admission = None
+        run.attempts = run.tried = 1
+        target = run.cands.targets[run.index]
         try:
-            for index, target in enumerate(run.cands.targets):
-                if run.attempts >= run.policy.max_total_attempts or (
-                    run.deadline is not None and self.clock() >= run.deadline
-                ):
-                    break
-                if run.body is None and run.tried:
-                    break  # a one-shot body was sent once already; it cannot be replayed
-                if index == 0 and run.cands.direct:
-                    sent, headers, body = request, request.headers, run.body
+            self._succeeded(admission.ticket, target, run)
+        except BaseException:
+            response.close()  # in memory: closing is sync for both colours
+            self.store.release(admission.ticket)
+            raise
+        return self._attribute(response, run, target, run.index)
+
+    def resume(self, run: Run, received: Any) -> Generator[Any, Any, Any]:
+        """`handle` for a `ready` run whose request the shell sent: `received` is its
+        response, or the exception sending raised, taken as the first attempt's."""
+        run.received = received
+        return self.handle(run.request, run)
+
+    def handle(self, request: Any, run: Run | None = None) -> Generator[Any, Any, Any]:
+        """Drive one request to its response (or error), yielding effects for the shell.
+
+        Each candidate in order: admission, rewrite, attempts, verdict. A `run`
+        from `decide` goes on from the candidate the decision stopped at.
+        """
+        if run is None:
+            run = self._start(request)
+        try:
+            targets = run.cands.targets
+            for index in range(run.index, len(targets)):
+                target = targets[index]
+                admission = run.admission
+                if admission is not None:
+                    run.admission = None  # admitted by `decide` already: never twice
                 else:
-                    sent, headers, body = self._rewrite(run, target)
-                facts = ScopeFacts(
-                    target.origin,
-                    headers,
-                    body,
-                    self._fingerprint,
-                    url=sent.url,
-                    path=run.endpoint,
-                    extensions=sent.extensions,
-                )
-                now = self.clock()
-                if self._blocking:
-                    lease = self._lease(run, sent)
-                    admission: Admission = yield Call("admit", (facts, self.breaker, now, lease))
-                else:
-                    admission = self.store.admit(facts, self.breaker, now)
-                if admission.ticket is None:
-                    if admission.transitions:
-                        self._announce(admission.transitions, target, run)
-                    self._skip(run, target, admission)
-                    continue
+                    if run.attempts >= run.policy.max_total_attempts or (
+                        run.deadline is not None and self.clock() >= run.deadline
+                    ):
+                        break
+                    if run.body is None and run.tried:
+                        break  # a one-shot body was sent once already; it cannot be replayed
+                    facts = self._facts(run, index, target)
+                    now = self.clock()
+                    if self._blocking:
+                        lease = self._lease(run, run.sent)
+                        admission = yield Call("admit", (facts, self.breaker, now, lease))
+                    else:
+                        admission = self.store.admit(facts, self.breaker, now)
+                    if admission.ticket is None:
+                        self._refused(run, target, admission)
+                        continue
+                sent = run.sent
                 ticket = admission.ticket
+                assert ticket is not None  # a refused candidate was skipped above
                 outcome: Outcome | None = None
                 try:
                     if admission.transitions:
@@ -149,14 +221,7 @@ class Core(Candidacy, Verdicts, Endings):
                     if outcome.deferred:
                         pass  # the body's end, or its failure, will be the verdict
                     elif outcome.verdict is SUCCESS and not self._blocking:
-                        # the healthy path: no event to emit, usually nothing kept to reset
-                        if self._failing:
-                            self._failing.pop(target.origin, None)
-                        changed = self.store.record(
-                            ticket, SUCCESS, self.breaker, self.suspensions, self.clock()
-                        )
-                        if changed:
-                            self._announce(changed, target, run)
+                        self._succeeded(ticket, target, run)
                     else:
                         yield from self._record(ticket, outcome.verdict, target, run)
                 except BaseException:
@@ -221,7 +286,10 @@ class Core(Candidacy, Verdicts, Endings):
         deadline = run.deadline
         first_byte = run.policy.first_byte_timeout
         stall = run.policy.stall_timeout
-        now = run.sent_at = self.clock()
+        received, run.received = run.received, None
+        now = self.clock()
+        if received is None:
+            run.sent_at = now  # else `decide` set it, before the shell sent the request
         caller_read = None
         if deadline is not None or first_byte is not None or stall is not None:
             caller_read = (request.extensions.get("timeout") or {}).get("read")
@@ -231,7 +299,12 @@ class Core(Candidacy, Verdicts, Endings):
         if first_byte is not None:
             fb_deadline = now + first_byte if deadline is None else min(deadline, now + first_byte)
         try:
-            response = yield Send(request, fb_deadline)
+            if received is None:
+                response = yield Send(request, fb_deadline)
+            elif isinstance(received, BaseException):
+                raise received  # what sending raised in the shell, as if raised here
+            else:
+                response = received
         except Exception as exc:
             return Outcome(self._classify_error(request, exc, run), exc)
         status = response.status_code

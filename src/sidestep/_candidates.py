@@ -19,7 +19,7 @@ from ._routes import (
     without_credentials,
 )
 from ._run import CACHE_LIMIT, CoreState, Run
-from ._scopes import origin_key
+from ._scopes import ScopeFacts, origin_key
 
 __all__ = ["Candidacy"]
 
@@ -62,6 +62,24 @@ class Candidacy(CoreState):
         else:
             body = None  # sent once, as it streams: nothing is read ahead
         return Run(request, cands, policy, body, deadline, "" if cands.route else path)
+
+    def _facts(self, run: Run, index: int, target: CompiledTarget) -> ScopeFacts:
+        """Candidate `index`'s request (kept as `run.sent`), and what its scopes are made of."""
+        if index == 0 and run.cands.direct:
+            request = run.sent = run.request
+            headers, body = request.headers, run.body
+        else:
+            request, headers, body = self._rewrite(run, target)
+            run.sent = request
+        return ScopeFacts(
+            target.origin,
+            headers,
+            body,
+            self._fingerprint,
+            url=request.url,
+            path=run.endpoint,
+            extensions=request.extensions,
+        )
 
     def _own_origin(self, origin: str, url: Any) -> Candidates:
         """An unrouted request: one candidate, its own origin (cached; bounded)."""

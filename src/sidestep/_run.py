@@ -18,7 +18,7 @@ from ._errors import CandidateStatus
 from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._scopes import Fingerprinter
-from ._store import StateStore
+from ._store import Admission, StateStore
 
 __all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run"]
 
@@ -32,15 +32,20 @@ class Run:
     """One request's progress through its candidates (created per request: kept lean)."""
 
     __slots__ = (
+        "admission",
         "attempts",
         "body",
         "cands",
         "deadline",
         "endpoint",
+        "index",
         "last",
         "last_target",
         "policy",
+        "ready",
+        "received",
         "request",
+        "sent",
         "sent_at",
         "skipped",
         "tried",
@@ -68,6 +73,15 @@ class Run:
         # each skipped target's status, and the end of its open window (None: half-open)
         self.skipped: list[tuple[CandidateStatus, float | None]] = []
         self.sent_at = 0.0  # when the latest attempt started, on the core's clock
+        # What the fast decision (`Core.decide`) left for the rest of the request:
+        # the candidate it stopped at, that candidate's admission and request, and
+        # whether the shell may send that request itself (`ready`); once sent, the
+        # response (or the exception) the first attempt takes instead of sending.
+        self.index = 0
+        self.admission: Admission | None = None
+        self.sent: Any = None
+        self.ready = False
+        self.received: Any = None
 
     @property
     def route_name(self) -> str | None:

@@ -28,6 +28,7 @@ __all__ = [
     "Observer",
     "add_observer",
     "emit",
+    "listening",
     "mask_text",
     "origin_of_url",
     "redact",
@@ -291,6 +292,15 @@ def remove_observer(observer: Observer) -> None:
     global _observers
     with _observers_lock:
         _observers = tuple(o for o in _observers if o != observer)
+
+
+def listening(level: int) -> bool:
+    """Whether an event at ``level`` would reach anyone: an observer, structlog, or a logger.
+
+    Cheap enough to ask per request, so that the fields of an event nobody
+    receives are never worked out.
+    """
+    return bool(_observers) or structlog.is_configured() or _logger.isEnabledFor(level)
 
 
 def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
