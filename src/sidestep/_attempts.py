@@ -27,7 +27,7 @@ from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
-from ._store import MemoryStore, StateStore, Ticket
+from ._store import Admission, MemoryStore, StateStore, Ticket
 from ._validate import body_problem
 from ._verdicts import Verdicts
 from .logging import emit, listening
@@ -37,8 +37,8 @@ __all__ = ["Core"]
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 
 
-def _never(url: Any) -> bool:
-    return False
+def _never(url: Any) -> Any:
+    return None  # not through a proxy; no look at an origin without admitting
 
 
 class Core(Candidacy, Verdicts, Endings):
@@ -69,6 +69,11 @@ class Core(Candidacy, Verdicts, Endings):
         self._blocking = self.store.blocking
         self._byte_stream = flavour.ByteStream
         self._fingerprint = self.store.fingerprint
+        # The store's lock-free look at an origin, for the fast path (`decide`):
+        # only a MemoryStore's, since only its admission is known to be that look.
+        self._healthy: Callable[[str], int | None] = _never
+        if type(self.store) is MemoryStore:
+            self._healthy = self.store.healthy
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
@@ -100,25 +105,32 @@ class Core(Candidacy, Verdicts, Endings):
         run = self._start(request)
         if self._blocking or run.deadline is not None:
             return run  # every admission is an effect, or a deadline to check: `handle` does all
+        healthy = self._healthy
+        policy, route = run.policy, run.cands.route
+        quick = (
+            healthy is not _never
+            and policy.first_byte_timeout is None
+            and policy.stall_timeout is None
+            and (route is None or not route.avoid_rate_limits)
+            and not listening(logging.DEBUG)
+        )
         targets = run.cands.targets
         for index, target in enumerate(targets):
-            facts = self._facts(run, index, target)
+            self._candidate(run, index, target)
+            if quick:
+                seq = healthy(target.origin)
+                if seq is not None:
+                    # Admitted as the store would admit it (nothing kept for the origin):
+                    # its ticket is made only if the request leaves the fast path.
+                    run.index, run.seq, run.ready = index, seq, True
+                    run.sent_at = self.clock()
+                    return run
+            facts = self._scope_facts(run, target)
             admission = self.store.admit(facts, self.breaker, self.clock())
             if admission.ticket is None:
                 self._refused(run, target, admission)
                 continue
             run.index, run.admission = index, admission
-            policy = run.policy
-            run.ready = (
-                not admission.transitions
-                and admission.refusal is None
-                and not admission.ticket.probes
-                and policy.first_byte_timeout is None
-                and policy.stall_timeout is None
-                and not listening(logging.DEBUG)
-            )
-            if run.ready:
-                run.sent_at = self.clock()
             return run
         run.index = len(targets)  # every candidate refused: `handle` ends it
         return run
@@ -128,8 +140,8 @@ class Core(Candidacy, Verdicts, Endings):
 
         Taken only when the verdict is a success that is whole already (a body
         in memory): recorded, attributed, handed over. Anything else — a
-        status the classifier must judge, a body still to peek at, a route
-        that watches rate limits — is left untouched for `resume`.
+        status the classifier must judge, a body still to peek at — is left
+        untouched for `resume`.
         """
         if (
             response.status_code >= 400
@@ -137,22 +149,22 @@ class Core(Candidacy, Verdicts, Endings):
             or not isinstance(response.stream, self._byte_stream)
         ):
             return None
-        route = run.cands.route
-        if route is not None and route.avoid_rate_limits:
-            return None
-        admission = run.admission
-        assert admission is not None
-        assert admission.ticket is not None
-        run.admission = None
         run.attempts = run.tried = 1
-        target = run.cands.targets[run.index]
-        try:
-            self._succeeded(admission.ticket, target, run)
-        except BaseException:
-            response.close()  # in memory: closing is sync for both colours
-            self.store.release(admission.ticket)
-            raise
-        return self._attribute(response, run, target, run.index)
+        index = run.index
+        target = run.cands.targets[index]
+        if self._failing or self._healthy(target.origin) is None:
+            # something to reset, or kept since: recorded as the general path records it
+            try:
+                self._succeeded(self._pending(run, target), target, run)
+            except BaseException:
+                response.close()  # in memory: closing is sync for both colours
+                raise
+        return self._attribute(response, run, target, index)
+
+    def _pending(self, run: Run, target: CompiledTarget) -> Ticket:
+        """The ticket of a `ready` run, made now as the store made it then (once)."""
+        run.ready = False
+        return Ticket(self._scope_facts(run, target), run.seq)
 
     def resume(self, run: Run, received: Any) -> Generator[Any, Any, Any]:
         """`handle` for a `ready` run whose request the shell sent: `received` is its
@@ -175,6 +187,8 @@ class Core(Candidacy, Verdicts, Endings):
                 admission = run.admission
                 if admission is not None:
                     run.admission = None  # admitted by `decide` already: never twice
+                elif run.ready:
+                    admission = Admission(self._pending(run, target))
                 else:
                     if run.attempts >= run.policy.max_total_attempts or (
                         run.deadline is not None and self.clock() >= run.deadline
@@ -182,7 +196,8 @@ class Core(Candidacy, Verdicts, Endings):
                         break
                     if run.body is None and run.tried:
                         break  # a one-shot body was sent once already; it cannot be replayed
-                    facts = self._facts(run, index, target)
+                    self._candidate(run, index, target)
+                    facts = self._scope_facts(run, target)
                     now = self.clock()
                     if self._blocking:
                         lease = self._lease(run, run.sent)

@@ -63,22 +63,24 @@ class Candidacy(CoreState):
             body = None  # sent once, as it streams: nothing is read ahead
         return Run(request, cands, policy, body, deadline, "" if cands.route else path)
 
-    def _facts(self, run: Run, index: int, target: CompiledTarget) -> ScopeFacts:
-        """Candidate `index`'s request (kept as `run.sent`), and what its scopes are made of."""
+    def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:
+        """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`."""
         if index == 0 and run.cands.direct:
-            request = run.sent = run.request
-            headers, body = request.headers, run.body
+            run.sent, run.sent_body = run.request, run.body
         else:
-            request, headers, body = self._rewrite(run, target)
-            run.sent = request
+            run.sent, run.sent_body = self._rewrite(run, target)
+
+    def _scope_facts(self, run: Run, target: CompiledTarget) -> ScopeFacts:
+        """What the scopes of the candidate's request (`_candidate`) are made of."""
+        sent = run.sent
         return ScopeFacts(
             target.origin,
-            headers,
-            body,
+            sent.headers,
+            run.sent_body,
             self._fingerprint,
-            url=request.url,
+            url=sent.url,
             path=run.endpoint,
-            extensions=request.extensions,
+            extensions=sent.extensions,
         )
 
     def _own_origin(self, origin: str, url: Any) -> Candidates:
@@ -100,8 +102,8 @@ class Candidacy(CoreState):
             return request.read()  # type: ignore[no-any-return]
         return None
 
-    def _rewrite(self, run: Run, target: CompiledTarget) -> tuple[Any, Any, bytes | None]:
-        """The request rebuilt for `target`: (request, its headers, its body).
+    def _rewrite(self, run: Run, target: CompiledTarget) -> tuple[Any, bytes | None]:
+        """The request rebuilt for `target`, and its body.
 
         Credentials — credential headers, URL userinfo, credential query
         parameters — go to another origin only when the target inherits them.
@@ -134,4 +136,4 @@ class Candidacy(CoreState):
             content=body if body is not None else request.stream,
             extensions=extensions,
         )
-        return rebuilt, rebuilt.headers, body
+        return rebuilt, body

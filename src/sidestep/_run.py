@@ -47,6 +47,8 @@ class Run:
         "request",
         "sent",
         "sent_at",
+        "sent_body",
+        "seq",
         "skipped",
         "tried",
     )
@@ -74,13 +76,15 @@ class Run:
         self.skipped: list[tuple[CandidateStatus, float | None]] = []
         self.sent_at = 0.0  # when the latest attempt started, on the core's clock
         # What the fast decision (`Core.decide`) left for the rest of the request:
-        # the candidate it stopped at, that candidate's admission and request, and
-        # whether the shell may send that request itself (`ready`); once sent, the
-        # response (or the exception) the first attempt takes instead of sending.
+        # the candidate it stopped at and that candidate's admission, or, when the
+        # shell may send its request itself (`ready`), what makes its ticket; once
+        # sent, the response (or the exception) the attempt takes instead of sending.
         self.index = 0
         self.admission: Admission | None = None
-        self.sent: Any = None
+        self.sent: Any = None  # the candidate's request, as sent
+        self.sent_body: bytes | None = None  # its body, when it can be sent again
         self.ready = False
+        self.seq = 0  # a ready run's admission: the store's sequence number then
         self.received: Any = None
 
     @property

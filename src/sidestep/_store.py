@@ -201,6 +201,13 @@ class MemoryStore:
 
     # -- admission ---------------------------------------------------------
 
+    def healthy(self, origin: str) -> int | None:
+        """Whether nothing is kept for `origin`: then admission there is a ticket
+        ``Ticket(facts, seq)`` for this sequence number, and a success records
+        nothing; None otherwise."""
+        kept = self._state.origins.get(origin)
+        return self._seq if kept is None or not kept.unhealthy else None
+
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
