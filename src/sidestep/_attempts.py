@@ -84,6 +84,7 @@ class Core(Candidacy, Verdicts, Endings):
         self._origins: dict[tuple[str, str, int | None], str] = {}
         self._own: dict[str, Candidates] = {}
         self._matched: dict[tuple[str, str], Candidates] = {}
+        self._moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]] = {}
 
     def __repr__(self) -> str:
         return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"

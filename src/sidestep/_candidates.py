@@ -83,6 +83,31 @@ class Candidacy(CoreState):
             extensions=sent.extensions,
         )
 
+    def _target_url(self, url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
+        """`url` moved to `target` (credentials in it kept only if `keep`), remembered:
+        URLs are immutable, and parsing one is most of the cost of a rewrite."""
+        try:
+            key: tuple[int, Any] = (id(target), url._uri_reference)  # a tuple of its parts
+        except AttributeError:
+            key = (id(target), url.raw)
+        kept = self._moved.get(key)
+        if kept is not None and kept[0] is target:
+            return kept[1]
+        query: bytes = url.query
+        if query and not keep:
+            query = without_credentials(query)
+        moved = url.copy_with(
+            scheme=target.scheme,
+            host=target.host,
+            port=target.port,
+            raw_path=(target.path + rest).encode("ascii") + (b"?" + query if query else b""),
+        )
+        if not keep and moved.userinfo:
+            moved = moved.copy_with(userinfo=b"")
+        if len(self._moved) < CACHE_LIMIT:
+            self._moved[key] = (target, moved)  # the target kept too: its id stays its own
+        return moved
+
     def _own_origin(self, origin: str, url: Any) -> Candidates:
         """An unrouted request: one candidate, its own origin (cached; bounded)."""
         cands = self._own.get(origin)
@@ -116,18 +141,7 @@ class Candidacy(CoreState):
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)
-        query: bytes = request.url.query
-        if query and not keep:
-            query = without_credentials(query)
-        url = request.url.copy_with(
-            scheme=target.scheme,
-            host=target.host,
-            port=target.port,
-            raw_path=(target.path + run.cands.rest).encode("ascii")
-            + (b"?" + query if query else b""),
-        )
-        if not keep and url.userinfo:
-            url = url.copy_with(userinfo=b"")
+        url = self._target_url(request.url, target, run.cands.rest, keep)
         extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
         rebuilt = type(request)(
             request.method,

@@ -126,3 +126,4 @@ class CoreState:
     _origins: dict[tuple[str, str, int | None], str]
     _own: dict[str, Candidates]
     _matched: dict[tuple[str, str], Candidates]
+    _moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]]

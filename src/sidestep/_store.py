@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from . import _circuit as circuit
 from ._circuit import Circuit, Entry, State
 from ._classify import Kind, Verdict
-from ._scopes import Fingerprinter, ScopeFacts, ScopeKey
+from ._scopes import Fingerprinter, ScopeFacts, ScopeKey, ScopeKind
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
@@ -163,6 +163,7 @@ class StateStore(Protocol):
 class _Origin:
     unhealthy: int = 0  # entries kept for this origin
     forgot: int = 0  # the sequence number of the last time one of them was forgotten
+    key: ScopeKey | None = None  # the origin's own scope, made once
 
 
 @dataclass(slots=True)
@@ -217,6 +218,15 @@ class MemoryStore:
         if origin is None or not origin.unhealthy:
             # The healthy path: no key, no body parse, no hash, no lock.
             return Admission(Ticket(facts, self._seq))
+        if policy.enforce:
+            # The origin's own scope comes first among every request's keys: when it
+            # refuses, that is the answer, before any body parse or hash (an outage).
+            key = origin.key
+            if key is None:
+                key = origin.key = ScopeKey(ScopeKind.ORIGIN, facts.origin)
+            c = self._state.entries.get(key)
+            if c is not None and c.state is State.OPEN and now < c.retry_at:
+                return Admission(None, _refusal(key, c))
         keys = facts.keys()
         with self._lock:
             return self._admit(facts, keys, policy, now)
