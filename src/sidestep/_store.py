@@ -164,6 +164,7 @@ class _Origin:
     unhealthy: int = 0  # entries kept for this origin
     forgot: int = 0  # the sequence number of the last time one of them was forgotten
     key: ScopeKey | None = None  # the origin's own scope, made once
+    refused: tuple[Circuit, Admission] | None = None  # its refusal, while that circuit stands
 
 
 @dataclass(slots=True)
@@ -226,7 +227,10 @@ class MemoryStore:
                 key = origin.key = ScopeKey(ScopeKind.ORIGIN, facts.origin)
             c = self._state.entries.get(key)
             if c is not None and c.state is State.OPEN and now < c.retry_at:
-                return Admission(None, _refusal(key, c))
+                refused = origin.refused  # the same answer for every request it turns away
+                if refused is None or refused[0] is not c:
+                    refused = origin.refused = (c, Admission(None, _refusal(key, c)))
+                return refused[1]
         keys = facts.keys()
         with self._lock:
             return self._admit(facts, keys, policy, now)
