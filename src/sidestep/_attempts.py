@@ -78,6 +78,8 @@ class Core(Candidacy, Verdicts, Endings):
         self._healthy: Callable[[str], int | None] = _never
         if type(self.store) is MemoryStore:
             self._healthy = self.store.healthy
+        # A replacement classifier judges every answer, a 2xx included: no fast verdict.
+        self._quick = self._healthy is not _never and not self._custom_classifier
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
@@ -113,7 +115,7 @@ class Core(Candidacy, Verdicts, Endings):
         healthy = self._healthy
         policy, route = run.policy, run.cands.route
         quick = (
-            healthy is not _never
+            self._quick
             and policy.first_byte_timeout is None
             and policy.stall_timeout is None
             and (route is None or not route.avoid_rate_limits)
@@ -148,11 +150,7 @@ class Core(Candidacy, Verdicts, Endings):
         status the classifier must judge, a body still to peek at — is left
         untouched for `resume`.
         """
-        if (
-            response.status_code >= 400
-            or self._custom_classifier
-            or not isinstance(response.stream, self._byte_stream)
-        ):
+        if response.status_code >= 400 or not isinstance(response.stream, self._byte_stream):
             return None
         run.attempts = run.tried = 1
         index = run.index

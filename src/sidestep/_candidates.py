@@ -51,7 +51,7 @@ class Candidacy(CoreState):
                 if cands is not None and len(self._matched) < CACHE_LIMIT:
                     self._matched[(origin, path)] = cands  # the same answer every time
         if cands is None:
-            cands = self._own_origin(origin, url)
+            cands = self._own.get(origin) or self._own_origin(origin, url)
         policy = cands.route.policy if cands.route else self.config.failover
         deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
         content = getattr(request, "_content", None)
