@@ -7,12 +7,19 @@ and sync clients both. Samples are interleaved (A B C … A B C …); the table
 shows each median in microseconds of CPU time per request (the process's own
 time, so that other work on a busy machine does not count) and its ratio to
 bare httpx.
+
+Metrics and traces are off for every variant but one: "sidestep, routed,
+metrics+traces" samples the routed transport with Prometheus
+(`prometheus_client`, a registry of its own) and OpenTelemetry (the SDK's
+providers, metrics and spans recorded, nothing exported) both enabled for
+its samples only; a row reports what they add per request.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -36,6 +43,35 @@ ROUTED = {
 }
 
 
+OBSERVED = "sidestep, routed, metrics+traces"  # the one variant sampled with exporters on
+_EXPORTERS = ("prometheus_client", "opentelemetry.sdk")
+
+
+def _exporters_missing() -> str | None:
+    return b.missing(_EXPORTERS)
+
+
+@contextlib.contextmanager
+def _observed(name: str) -> Iterator[None]:
+    """Prometheus and OpenTelemetry enabled while variant `name` is sampled, if it is OBSERVED."""
+    if name != OBSERVED:
+        yield
+        return
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from prometheus_client import CollectorRegistry
+
+    from sidestep.metrics import otel, prometheus
+
+    prometheus.enable(CollectorRegistry())
+    otel.enable(MeterProvider(), TracerProvider())
+    try:
+        yield
+    finally:
+        otel.disable()
+        prometheus.disable()
+
+
 def _ok(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, content=b'{"ok":true}')
 
@@ -55,6 +91,8 @@ def _async_variants() -> tuple[dict[str, AsyncMaker], list[str]]:
         "sidestep": lambda: sidestep.AsyncFailoverTransport(transport=_mock()),
         "sidestep, routed": lambda: sidestep.AsyncFailoverTransport(ROUTED, transport=_mock()),
     }
+    if _exporters_missing() is None:
+        variants[OBSERVED] = variants["sidestep, routed"]
     plan = b.Plan(("http://api.example/v1", "http://backup.example/v1"), 5.0, 30.0, 60.0)
     ready, absent = b.available(b.PEERS)
     for name in ready:
@@ -146,6 +184,8 @@ def _sync_variants() -> dict[str, SyncMaker]:
         "sidestep": lambda: sidestep.FailoverTransport(transport=_mock()),
         "sidestep, routed": lambda: sidestep.FailoverTransport(ROUTED, transport=_mock()),
     }
+    if _exporters_missing() is None:
+        variants[OBSERVED] = variants["sidestep, routed"]
     peers: dict[str, SyncMaker] = {
         "interlock-cb": _interlock_sync,
         "pybreaker": _pybreaker_sync,
@@ -174,13 +214,16 @@ def run(quick: bool) -> list[Row]:
     async def measure_async() -> None:
         for _ in range(rounds):
             for name, make in async_variants.items():
-                times.setdefault(f"async {name}", []).append(await _async_sample(make, requests))
+                with _observed(name):
+                    sample = await _async_sample(make, requests)
+                times.setdefault(f"async {name}", []).append(sample)
 
     with b.quiet_logs():
         asyncio.run(measure_async())
         for _ in range(rounds):
             for name, make in sync_variants.items():
-                times.setdefault(f"sync {name}", []).append(_sync_sample(make, requests))
+                with _observed(name):
+                    times.setdefault(f"sync {name}", []).append(_sync_sample(make, requests))
     medians = {name: b.median(samples) * 1e6 for name, samples in times.items()}
     rows: list[Row] = []
     for flavour in ("async", "sync"):
@@ -192,7 +235,28 @@ def run(quick: bool) -> list[Row]:
                     b.row(SCENARIO, f"{name}", value, "µs/request", f"{ratio:.2f}x bare httpx")
                 )
     rows += b.absent_rows(SCENARIO, absent)
-    return rows + _verdicts(medians, rounds, requests)
+    if _exporters_missing() is not None:
+        rows += b.absent_rows(SCENARIO, [OBSERVED])
+    return rows + _observed_cost(medians) + _verdicts(medians, rounds, requests)
+
+
+def _observed_cost(medians: dict[str, float]) -> list[Row]:
+    """What Prometheus and OpenTelemetry together add to a routed request."""
+    rows = []
+    for flavour in ("async", "sync"):
+        observed = medians.get(f"{flavour} {OBSERVED}")
+        if observed is not None:
+            added = observed - medians[f"{flavour} sidestep, routed"]
+            rows.append(
+                b.row(
+                    SCENARIO,
+                    f"{flavour}: added by metrics+traces",
+                    added,
+                    "µs/request",
+                    "Prometheus and OpenTelemetry (SDK) both on, against both off",
+                )
+            )
+    return rows
 
 
 def _verdicts(medians: dict[str, float], rounds: int, requests: int) -> list[Row]:

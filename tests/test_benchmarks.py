@@ -93,6 +93,17 @@ def test_missing_peers_are_reported_not_fatal(
     assert any(r["metric"] == "async sidestep, routed" for r in rows)
 
 
+def test_overhead_reports_what_metrics_and_traces_add(runner: ModuleType) -> None:
+    """The overhead scenario samples the routed transport with Prometheus and OpenTelemetry on, and reports what they add per request for both flavours; they are off again afterwards."""
+    from sidestep.metrics import otel, prometheus
+
+    rows = runner.run_scenario("overhead", quick=True)
+    added = {r["metric"]: r["value"] for r in rows if "added by metrics+traces" in str(r["metric"])}
+    assert set(added) == {"async: added by metrics+traces", "sync: added by metrics+traces"}
+    assert all(isinstance(v, float) for v in added.values())
+    assert prometheus._active is None and otel._active == ()
+
+
 def test_runner_prints_a_table_for_one_scenario(
     runner: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -44,6 +44,8 @@ from sidestep._config import (
     SuspensionWindow,
     Target,
 )
+from sidestep._observability import Observability
+from sidestep._store_config import MemoryStoreSettings, RedisStoreSettings, StoreSettings
 from upstream import Respond, Upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,12 +147,16 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     "`breaker.failure_rate`": (FailureRate, {"threshold": 0.5}),
     "`failover`": (FailoverPolicy, {}),
     "`suspensions`": (Suspensions, {}),
+    "`observability`": (Observability, {}),
     "A suspension window": (SuspensionWindow, {"initial": 1, "max": None}),
     "`routes[]`": (
         Route,
         {"name": "r", "targets": [{"name": "t", "url": "https://a.example"}]},
     ),
     "`routes[].targets[]`": (Target, {"name": "t", "url": "https://a.example"}),
+    "`store`": (StoreSettings, {}),
+    "`store.memory`": (MemoryStoreSettings, {}),
+    "`store.redis`": (RedisStoreSettings, {"url": "redis://localhost"}),
 }
 
 

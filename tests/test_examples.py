@@ -21,6 +21,7 @@ import pytest
 
 import sidestep
 from llm_upstream import llm, unavailable
+from scrape import sample, samples
 from suspensions import assert_unavailable
 from upstream import Action, Seen, Upstream, free_port, wait_for
 
@@ -37,6 +38,7 @@ COOLDOWN = 20  # seconds
 # The examples' route, with circuits that open at the first failure.
 TEST_CONFIG = f"""
 breaker: {{failure_threshold: 1, cooldown: {COOLDOWN}s}}
+observability: {{prometheus: true}}
 routes:
   - name: chat
     targets:
@@ -87,7 +89,13 @@ def running(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Running]:
     """One example, started with its documented command and the test configuration."""
-    logs = tmp_path_factory.mktemp(request.param)
+    with example(request.param, tmp_path_factory.mktemp(request.param)) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def example(name: str, logs: Path) -> Iterator[Running]:
+    """The example `name` serving, against its two fake upstreams, until the block ends."""
     config = logs / "sidestep.yaml"
     config.write_text(TEST_CONFIG)
     primary = Upstream(unavailable, name="primary")
@@ -100,7 +108,7 @@ def running(
             "BACKUP_API_KEY": BACKUP_KEY,
             "SIDESTEP_CONFIG": str(config),
         }
-        with serve(COMMANDS[request.param], env, logs) as client:
+        with serve(COMMANDS[name], env, logs) as client:
             yield Running(client, primary, backup, logs)
     finally:
         primary.close()
@@ -188,3 +196,28 @@ def test_the_shipped_configurations_load(folder: str, monkeypatch: pytest.Monkey
     assert (primary.name, primary.url) == ("primary", "https://primary.example/v1")
     assert (backup.name, backup.url) == ("backup", "https://backup.example/v1")
     assert backup.headers == {"authorization": f"Bearer {BACKUP_KEY}"}
+
+
+def test_the_metrics_page_follows_an_outage(tmp_path: Path) -> None:
+    """The FastAPI example's /metrics (prometheus_client's own ASGI app) shows nothing before traffic, then the primary's failure, the failover, its suspension and the skip that follows, with no key, path or model in any label."""
+    with example("fastapi", tmp_path) as running:
+        before = samples(running.client.get("/metrics/").text)
+        assert sample(before, "sidestep_requests_total", route="chat", outcome="served") == 0
+        model = "model-metrics"
+        assert running.chat(model).status_code == 200  # the primary fails; the backup answers
+        assert running.chat(model).status_code == 200  # the primary is skipped
+        page = running.client.get("/metrics/").text
+    found = samples(page)
+    chat = {"route": "chat"}
+    assert sample(found, "sidestep_requests_total", **chat, outcome="served_after_failover") == 2
+    failed = {**chat, "target": "primary", "result": "unavailable"}
+    assert sample(found, "sidestep_attempts_total", **failed) == 1
+    assert sample(found, "sidestep_attempts_total", **chat, target="backup", result="success") == 2
+    moved = {**chat, "from_target": "primary", "to_target": "backup"}
+    assert sample(found, "sidestep_failovers_total", **moved) == 1
+    scope = {"target": "primary", "scope": "origin+model", "reason": "unavailable"}
+    assert sample(found, "sidestep_suspended", **scope) == 1
+    skipped = {**chat, "target": "primary", "reason": "unavailable"}
+    assert sample(found, "sidestep_candidates_skipped_total", **skipped) == 1
+    for secret in (PRIMARY_KEY, BACKUP_KEY, model, "/v1", "completions"):
+        assert secret not in page

@@ -83,7 +83,11 @@ def test_documented_configurations_load(
 ) -> None:
     """Every YAML configuration the README and docs/*.md show is valid as written."""
     for name in set(re.findall(r"\$\{(\w+)\}", block)):
-        monkeypatch.setenv(name, "a-placeholder-value")
+        # a store's URL must look like one; every other value is opaque
+        value = (
+            "redis://placeholder:6379/0" if name.endswith("REDIS_URL") else "a-placeholder-value"
+        )
+        monkeypatch.setenv(name, value)
     path = tmp_path / "sidestep.yaml"
     path.write_text(block)
     with warnings.catch_warnings():

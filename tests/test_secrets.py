@@ -5,15 +5,26 @@ from __future__ import annotations
 import json
 import string
 import warnings
+from pathlib import Path
 
 import httpx
+import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from opentelemetry.sdk.metrics.export import MetricsData
+from prometheus_client import CollectorRegistry, generate_latest
 
 import sidestep
+import sidestep.admin
+from otel_capture import captured
+from redis_server import fresh_prefix
+from servers import serve_asgi
+from sidestep._cli import main
 from sidestep._config import SidestepConfigWarning
 from sidestep._suspended import unavailable_body
+from sidestep.metrics import prometheus
+from upstream import Respond, Upstream
 
 SECRET = st.text(alphabet=string.ascii_letters + string.digits, min_size=12, max_size=24).map(
     lambda s: "S3CR3T" + s
@@ -32,7 +43,7 @@ SECRET = st.text(alphabet=string.ascii_letters + string.digits, min_size=12, max
 def test_no_secret_reaches_events_errors_or_the_503(
     userinfo: str, path: str, query: str, header: str, status: int, connect_error: bool
 ) -> None:
-    """Secrets in userinfo, path, query and credential headers never appear in what sidestep writes."""
+    """Secrets in userinfo, path, query and credential headers never appear in what sidestep writes: events, errors, the 503, metric labels and spans."""
 
     def upstream(request: httpx.Request) -> httpx.Response:
         if connect_error:
@@ -62,19 +73,120 @@ def test_no_secret_reaches_events_errors_or_the_503(
         transport = sidestep.FailoverTransport(config, transport=httpx.MockTransport(upstream))
     url = f"https://user:{userinfo}@primary.example/v1/{path}?key={query}&q=1"
     headers = {"authorization": f"Bearer {header}", "x-api-key": header}
+    unrouted = f"https://user:{userinfo}@elsewhere.example/{path}?key={query}"
     written: list[str] = []
-    with httpx.Client(transport=transport) as client, structlog.testing.capture_logs() as logs:
-        for _ in range(2):
-            try:
-                client.get(url, headers=headers)
-            except sidestep.AllCandidatesSuspended as exc:
-                written += [str(exc), repr(exc), unavailable_body(exc).decode()]
-            except httpx.HTTPError as exc:
-                written.append(repr(exc.__class__))  # the upstream's own error, not ours
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    try:
+        with (
+            captured() as otel,
+            httpx.Client(transport=transport) as client,
+            structlog.testing.capture_logs() as logs,
+        ):
+            for target in (url, url, unrouted):
+                try:
+                    client.get(target, headers=headers)
+                except sidestep.AllCandidatesSuspended as exc:
+                    written += [str(exc), repr(exc), unavailable_body(exc).decode()]
+                except httpx.HTTPError as exc:
+                    written.append(repr(exc.__class__))  # the upstream's own error, not ours
+            spans = otel.spans()
+            metrics = otel.reader.get_metrics_data()
+        metric_text = generate_latest(registry).decode()
+    finally:
+        prometheus.disable()
     written += [json.dumps(event, default=str) for event in logs]
+    assert "sidestep_attempts_total{" in metric_text and spans  # metrics and spans were written
+    written += [metric_text, *(span.to_json() for span in spans)]
+    assert isinstance(metrics, MetricsData)
+    written.append(metrics.to_json())
     written += [repr(s) for s in transport.suspensions()]
     assert logs  # something was written, and it is what is checked
     assert any("all_candidates_suspended" in text for text in written)  # the 503 body too
     for secret in (userinfo, path, query, header):
         for text in written:
             assert secret not in text
+
+
+# --- the admin app and the operator's commands ---------------------------------------------
+
+ADMIN_SECRETS = {
+    "userinfo": "S3CR3Tuserinfo0123",
+    "path": "S3CR3Tpath0123",
+    "query": "S3CR3Tquery0123",
+    "header": "S3CR3Theader0123",
+    "redis_password": "s3cret-redis-pw",  # tests/redis_server.py's
+    "fingerprint_key": "S3CR3Tfingerprint0123",
+    "token": "S3CR3Ttoken0123456789",
+}
+
+
+def test_no_secret_reaches_admin_answers_or_cli_output(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    a: Upstream,
+    b: Upstream,
+    redis_url: str,
+) -> None:
+    """A credential suspension caused by real traffic, listed and cleared through the admin API (JSON, page, 401, 403, 404) and the CLI (table, JSON, clear, doctor, a dead Redis): no credential, fingerprint, URL userinfo, path, query, Redis password or token in any of it."""
+    s = ADMIN_SECRETS
+    a.behaviour = lambda seen: Respond(401, {"error": {"message": "invalid api key"}})
+    monkeypatch.setenv("SECRETS_REDIS_URL", redis_url)
+    monkeypatch.setenv("SECRETS_KEY", s["header"])
+    monkeypatch.setenv("SECRETS_FINGERPRINT", s["fingerprint_key"])
+    primary = a.url.replace("http://", f"http://user:{s['userinfo']}@")
+    path = tmp_path / "sidestep.yaml"
+    path.write_text(
+        "routes:\n"
+        "  - name: chat\n"
+        "    targets:\n"
+        f"      - {{name: primary, url: '{primary}/v1/{s['path']}'}}\n"
+        f"      - {{name: backup, url: '{b.url}/v1', headers: {{x-api-key: '${{SECRETS_KEY}}'}}}}\n"
+        "store:\n"
+        "  redis: {url: '${SECRETS_REDIS_URL}', prefix: "
+        f"{fresh_prefix()}, fingerprint_key: '${{SECRETS_FINGERPRINT}}'}}\n"
+    )
+    config = sidestep.load_config(path)
+    written = [repr(config), repr(config.store)]
+    transport = sidestep.FailoverTransport(config)
+    with httpx.Client(transport=transport) as client:
+        url = f"{a.url}/v1/{s['path']}/chat?key={s['query']}"
+        client.post(url, json={}, headers={"authorization": f"Bearer {s['header']}"})
+    snapshot = transport.store.snapshot(0.0)
+    assert any(scope.scope.credential for scope in snapshot)  # a credential scope opened
+    fingerprints = [scope.scope.credential for scope in snapshot if scope.scope.credential]
+    (row,) = transport.suspensions()
+
+    tokens = [sidestep.admin.Token("ops", s["token"])]
+    app = sidestep.admin.app(transport, token=tokens)
+    with serve_asgi(app, lifespan="off") as base, httpx.Client(base_url=base) as admin:
+        auth = {"authorization": f"Bearer {s['token']}"}
+        for response in [
+            admin.get("/suspensions", headers=auth),
+            admin.get("/", headers=auth),
+            admin.get("/suspensions"),
+            admin.get("/suspensions", headers={"authorization": "Bearer wrong"}),
+            admin.delete("/suspensions/unknown", headers=auth),
+        ]:
+            written += [response.text, json.dumps(dict(response.headers))]
+        assert "primary" in written[-10]  # the listing names the target
+    for argv in (
+        ["suspensions", "-c", str(path)],
+        ["suspensions", "-c", str(path), "--json"],
+        ["clear", "-c", str(path), row.scope_id],
+        ["doctor", "-c", str(path), "--online"],
+        ["doctor", "-c", str(path), "--json"],
+    ):
+        status = main(argv)
+        out, err = capsys.readouterr()
+        assert status == 0, (argv, err)
+        written += [out, err]
+    assert any("cleared" in text for text in written)
+    monkeypatch.setenv("SECRETS_REDIS_URL", f"redis://:{s['redis_password']}@127.0.0.1:1/0")
+    main(["suspensions", "-c", str(path)])
+    written += list(capsys.readouterr())
+    transport.store.close()  # type: ignore[attr-defined]
+    for name, secret in [*s.items(), *(("fingerprint", f) for f in fingerprints)]:
+        for text in written:
+            assert secret not in text, name

@@ -11,10 +11,6 @@ and Flask's test client, which re-raise any `exc_info` they are given.
 from __future__ import annotations
 
 import contextlib
-import os
-import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,14 +24,12 @@ import pytest
 from werkzeug.test import Client
 
 import sidestep.flask
-from servers import serve_wsgi
+from servers import serve_gunicorn, serve_wsgi
 from sidestep import AllCandidatesSuspended
 from sidestep.wsgi import SuspensionMiddleware
 from suspensions import assert_unavailable, suspension
-from upstream import wait_for
 from wsgi_apps import FIRST_CHUNK, PLAIN_BODY, PLAIN_CHUNKS, PLAIN_HEADERS, WRITTEN, application
 
-TESTS = Path(__file__).parent
 _STOP_TIMEOUT = 10.0
 
 
@@ -113,48 +107,9 @@ def _fetch_werkzeug(client: Client, path: str) -> Outcome:
 
 @contextlib.contextmanager
 def _gunicorn(logs: Path) -> Iterator[str]:
-    """gunicorn serving `wsgi_apps:application` on a listening socket it inherits."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), env.get("PYTHONPATH")]))
-    command = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "--bind",
-        f"fd://{sock.fileno()}",
-        "--workers",
-        "1",
-        "--error-logfile",
-        str(logs),
-        "wsgi_apps:application",
-    ]
-    process = subprocess.Popen(  # noqa: S603 -- a fixed command line
-        command, env=env, cwd=TESTS, pass_fds=(sock.fileno(),), stdin=subprocess.DEVNULL
-    )
-    sock.close()
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"gunicorn exited: {logs.read_text()}")
-            try:
-                return httpx.get(f"{url}/bare/plain", timeout=1.0).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(ready, timeout=60.0)
+    """gunicorn serving `wsgi_apps:application`, one worker."""
+    with serve_gunicorn("wsgi_apps:application", logs, ready="/bare/plain") as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(_STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class _QuietWSGIRefHandler(WSGIRequestHandler):

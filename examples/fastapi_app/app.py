@@ -5,7 +5,8 @@
 transport with the route of ``sidestep.yaml``. When every upstream is
 suspended, ``SuspensionMiddleware`` answers ``503 all_candidates_suspended``
 with ``Retry-After``. ``GET /suspensions`` lists the circuits that are not
-healthy; ``GET /healthz`` says the service is up.
+healthy; ``GET /metrics`` serves sidestep's Prometheus metrics; ``GET /healthz``
+says the service is up.
 
 Run from the repository root::
 
@@ -24,6 +25,7 @@ from typing import Any
 
 import httpx2
 import openai
+import prometheus_client
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -78,6 +80,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
 
 app = FastAPI(lifespan=lifespan)
 app.add_middleware(sidestep.asgi.SuspensionMiddleware)
+# sidestep's metrics (`observability: {prometheus: true}` in sidestep.yaml), to scrape.
+app.mount("/metrics", prometheus_client.make_asgi_app())
 
 
 @app.exception_handler(openai.APIStatusError)

@@ -22,7 +22,8 @@ import httpx
 
 from ._config import Config, as_config
 from ._flavour import is_proxy
-from ._store import MemoryStore, StateStore
+from ._store import StateStore
+from ._store_config import build_store
 from ._transport import AsyncFailoverTransport, FailoverTransport, _Shell
 
 if TYPE_CHECKING:
@@ -136,7 +137,8 @@ def wrap(
         client: an `httpx.Client`, `httpx.AsyncClient`, `httpx2.Client` or
             `httpx2.AsyncClient`, or a subclass such as an SDK's default client.
         config: a `Config`, a mapping validated into one, or None.
-        store: where circuit state lives (default: a new `MemoryStore` for this client).
+        store: where circuit state lives (default: a new store for this client, of the kind
+            the configuration's `store:` names).
 
     Returns:
         The same client. A client that already has a sidestep transport is
@@ -169,7 +171,8 @@ def install(
 
     Args:
         config: a `Config`, a mapping validated into one, or None.
-        store: the shared store (default: one `MemoryStore`, kept across calls).
+        store: the shared store (default: the one the configuration's `store:` names,
+            kept across calls while that setting stays the same).
 
     Raises:
         ConfigError: `config` is a mapping that is not a valid configuration.
@@ -178,7 +181,9 @@ def install(
     settings = as_config(config)
     with _lock:
         if store is None:
-            store = _installed.store if _installed is not None else MemoryStore()
+            # the configured store, kept across calls while its settings stay the same
+            same = _installed is not None and _installed.config.store == settings.store
+            store = _installed.store if same and _installed else build_store(settings.store)
         _installed = _Installed(settings, store)
         for cls in _SHELLS:
             if cls not in _originals:
@@ -255,7 +260,7 @@ def _wrap(
             _installed_shells.discard(t)
         main = main.inner.own
         mounts = {k: None if t is None else t.inner.own for k, t in mounts.items()}
-    store = store if store is not None else MemoryStore()
+    store = store if store is not None else build_store(config.store)
     table = list(mounts.items())
 
     def over(transport: Any) -> _Shell:

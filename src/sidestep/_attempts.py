@@ -10,7 +10,6 @@ here; what it works out per candidate (`_candidates`), per result
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
@@ -28,8 +27,10 @@ from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
 from ._store import Admission, MemoryStore, StateStore, Ticket
+from ._store_config import build_store
 from ._validate import body_problem
 from ._verdicts import Verdicts
+from ._watch import Watching
 from .logging import emit, listening
 
 __all__ = ["Core"]
@@ -41,7 +42,7 @@ def _never(url: Any) -> Any:
     return None  # not through a proxy; no look at an origin without admitting
 
 
-class Core(Candidacy, Verdicts, Endings):
+class Core(Candidacy, Verdicts, Endings, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
 
     # False sends every request down the general path (`handle`) from its start: for
@@ -59,7 +60,7 @@ class Core(Candidacy, Verdicts, Endings):
     ) -> None:
         self.config = as_config(config)
         self.router = Router(self.config)
-        self.store: StateStore = store if store is not None else MemoryStore()
+        self.store: StateStore = store if store is not None else build_store(self.config.store)
         self.clock: Clock = clock or time.monotonic
         self.flavour = flavour
         self.breaker = self.config.breaker
@@ -91,6 +92,10 @@ class Core(Candidacy, Verdicts, Endings):
         self._own: dict[str, Candidates] = {}
         self._matched: dict[tuple[str, str], Candidates] = {}
         self._moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]] = {}
+        if self.config.observability.enabled:
+            from .metrics import enable_configured  # only what the configuration asks for
+
+            enable_configured(self.config.observability)
 
     def __repr__(self) -> str:
         return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"
@@ -104,14 +109,18 @@ class Core(Candidacy, Verdicts, Endings):
         admitted stops the decision, its admission kept in the run for the rest
         of the request (never taken twice). The run is `ready` when that
         candidate is healthy and closed — no probe, no transition, nothing only
-        observed, no deadline to keep, no event anyone listens to — so the
+        observed, no deadline to keep — so the
         shell sends its request itself and hands the response to `settle`.
         Any other run, as any result `settle` does not take, goes on in
-        `handle`, from where the decision stopped.
+        `handle`, from where the decision stopped. While anyone listens to
+        DEBUG events, the decision stops before the first candidate: `handle`
+        emits the request's events around all of it.
         """
         run = self._start(request)
-        if self._blocking or run.deadline is not None or not self._fast_path:
-            return run  # every admission is an effect, or a deadline to check: `handle` does all
+        if self._blocking or run.deadline is not None or not self._fast_path or listening():
+            # Every admission is an effect, a deadline is to be checked, or someone
+            # listens for the request's own events, which start before any admission.
+            return run
         healthy = self._healthy
         policy, route = run.policy, run.cands.route
         quick = (
@@ -119,7 +128,6 @@ class Core(Candidacy, Verdicts, Endings):
             and policy.first_byte_timeout is None
             and policy.stall_timeout is None
             and (route is None or not route.avoid_rate_limits)
-            and not listening(logging.DEBUG)
         )
         targets = run.cands.targets
         for index, target in enumerate(targets):
@@ -178,11 +186,15 @@ class Core(Candidacy, Verdicts, Endings):
     def handle(self, request: Any, run: Run | None = None) -> Generator[Any, Any, Any]:
         """Drive one request to its response (or error), yielding effects for the shell.
 
-        Each candidate in order: admission, rewrite, attempts, verdict. A `run`
-        from `decide` goes on from the candidate the decision stopped at.
+        Each candidate in order: admission, rewrite, attempts, verdict; between
+        the request's and its attempts' events (`_watch`) when someone listens.
+        A `run` from `decide` goes on from the candidate the decision stopped at.
         """
         if run is None:
             run = self._start(request)
+        return self._watched(run) if listening() else self._loop(run)
+
+    def _loop(self, run: Run) -> Generator[Any, Any, Any]:
         try:
             targets = run.cands.targets
             for index in range(run.index, len(targets)):
@@ -213,6 +225,8 @@ class Core(Candidacy, Verdicts, Endings):
                 sent = run.sent
                 ticket = admission.ticket
                 assert ticket is not None  # a refused candidate was skipped above
+                if ticket.probes and run.watched:
+                    self._admitted(run, target, ticket)
                 outcome: Outcome | None = None
                 try:
                     if admission.transitions:
@@ -230,7 +244,8 @@ class Core(Candidacy, Verdicts, Endings):
                         )
                     if run.policy.max_attempts_per_target == 1:
                         run.attempts += 1
-                        outcome = yield from self._attempt(run, target, sent, ticket)
+                        attempt = self._watched_attempt if run.watched else self._attempt
+                        outcome = yield from attempt(run, target, sent, ticket)
                     else:
                         outcome = yield from self._try_target(run, target, sent, ticket)
                     run.tried += 1
@@ -289,7 +304,8 @@ class Core(Candidacy, Verdicts, Endings):
                 if wait > 0:
                     yield Sleep(wait)
             run.attempts += 1
-            outcome = yield from self._attempt(run, target, request, ticket)
+            attempt = self._watched_attempt if run.watched else self._attempt
+            outcome = yield from attempt(run, target, request, ticket)
             if outcome.committed or not self._retryable(outcome.verdict):
                 return outcome
             if run.attempts >= policy.max_total_attempts or self._expired(run):

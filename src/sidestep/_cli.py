@@ -1,4 +1,5 @@
-"""The `sidestep` command: `sidestep run` (the launcher) and `sidestep demo`.
+"""The `sidestep` command: `run` (the launcher), `demo`, and the operator's
+`suspensions`, `clear` and `doctor` (in `_operate`).
 
 `demo` lives in its own module, imported only when it is asked for, so the
 command works without it (and `run` does not pay for importing it).
@@ -32,6 +33,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command[:1] == ["--"]:
             command = command[1:]
         return run(command, args.config)
+    if args.command in ("suspensions", "clear"):
+        from ._operate import operate
+
+        return operate(args)
+    if args.command == "doctor":
+        from ._operate import doctor
+
+        return doctor(args)
     parser.print_help(sys.stderr)
     return _USAGE
 
@@ -57,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
         help="the configuration file (default: the SIDESTEP_CONFIG environment variable)",
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    from ._operate import add_doctor, add_operations
+
+    add_operations(commands)
+    add_doctor(commands)
     # demo's own options are parsed by demo itself (see _demo)
     commands.add_parser("demo", help="watch failover live against local upstreams", add_help=False)
     return parser

@@ -34,6 +34,8 @@ from pydantic import (
 )
 
 from ._errors import ConfigError
+from ._observability import Observability
+from ._store_config import StoreSettings
 
 __all__ = [
     "BreakerPolicy",
@@ -469,6 +471,8 @@ class Config(_Model):
     failover: FailoverPolicy = Field(default_factory=FailoverPolicy)
     suspensions: Suspensions = Field(default_factory=Suspensions)
     routes: list[Route] = Field(default_factory=list)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    observability: Observability = Field(default_factory=Observability)
     classifier: Annotated[Callable[..., Any] | None, BeforeValidator(_import_object)] = Field(
         default=None, repr=False
     )

@@ -498,10 +498,12 @@ class RedisStore:
     def _snapshot(self, now: float) -> _Steps[list[ScopeStatus]]:
         rows = yield _Call(self._head("snapshot", now))
         statuses = []
-        for sid, kind, origin, credential, model, state, reason, failures, retry_in in rows:
+        for sid, kind, origin, credential, model, state, reason, failures, retry_in, w in rows:
             s = State(state)
             rel = float(retry_in)
             closed = s is State.CLOSED
+            # when the current window began; unknown while open until cleared
+            opened = None if closed or math.isinf(rel) else now + rel - float(w)
             statuses.append(
                 ScopeStatus(
                     scope_id=sid,
@@ -511,6 +513,7 @@ class RedisStore:
                     failures=int(failures),
                     retry_at=0.0 if closed else now + rel,
                     retry_in=_retry_in(rel) if s is State.OPEN else 0.0,
+                    opened_at=opened,
                 )
             )
         return statuses

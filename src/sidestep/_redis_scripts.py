@@ -412,10 +412,10 @@ end
 if op == 'snapshot' then
   local out = {}
   for _, sid in ipairs(redis.call('ZRANGE', IDX, int(real), '+inf', 'BYSCORE')) do
-    local v = redis.call('HMGET', skey(sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f', 'r')
+    local v = redis.call('HMGET', skey(sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f', 'r', 'w')
     if v[1] then
       out[#out + 1] = {sid, v[1], v[2], v[3], v[4], v[5], v[6], tonumber(v[7]),
-                       num(tonumber(v[8]) - now)}
+                       num(tonumber(v[8]) - now), v[9] or '0'}
     end
   end
   return out

@@ -45,12 +45,14 @@ class Run:
         "ready",
         "received",
         "request",
+        "result",
         "sent",
         "sent_at",
         "sent_body",
         "seq",
         "skipped",
         "tried",
+        "watched",
     )
 
     def __init__(
@@ -86,6 +88,8 @@ class Run:
         self.ready = False
         self.seq = 0  # a ready run's admission: the store's sequence number then
         self.received: Any = None
+        self.watched = False  # someone listens: attempt and request events are emitted
+        self.result = ""  # the latest attempt's result, as `attempt.finished` named it
 
     @property
     def route_name(self) -> str | None:

@@ -10,6 +10,7 @@ dictionary look-up: the request's model and credential are never worked out.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -106,6 +107,7 @@ class ScopeStatus:
     failures: int
     retry_at: float
     retry_in: float | None
+    opened_at: float | None = None  # when its current window began; None when it has no end
 
 
 class StateStore(Protocol):
@@ -413,7 +415,14 @@ class MemoryStore:
             items = list(self._state.entries.items())
         return [
             ScopeStatus(
-                key.scope_id, key, c.state, c.reason, c.failures, c.retry_at, c.retry_in(now)
+                key.scope_id,
+                key,
+                c.state,
+                c.reason,
+                c.failures,
+                c.retry_at,
+                c.retry_in(now),
+                _opened_at(c),
             )
             for key, c in items
         ]
@@ -461,6 +470,13 @@ def verdict_keys(facts: ScopeFacts, verdict: Verdict) -> tuple[ScopeKey, ...]:
     if verdict.also is None:
         return (facts.key(verdict.scope),)
     return tuple(dict.fromkeys((facts.key(verdict.scope), facts.key(verdict.also))))
+
+
+def _opened_at(c: Circuit) -> float | None:
+    """When an open or half-open scope's latest window began (unknown for one until cleared)."""
+    if c.state is State.CLOSED or math.isinf(c.retry_at):
+        return None
+    return c.retry_at - c.window
 
 
 def _refusal(key: ScopeKey, c: Circuit) -> Refusal:

@@ -8,20 +8,18 @@ httpx2 in `sidestep.httpx2`) by a two-line subclass.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import anyio
 import httpx
 
 from ._attempts import Core
-from ._circuit import State
 from ._config import Config
 from ._effects import Call, Clock, Close, Read, Send, Sleep
 from ._flavour import Flavour, is_proxy
+from ._listing import Listing, Suspension, suspensions
 from ._store import ScopeStatus, StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
@@ -30,29 +28,6 @@ _STORE_GRACE = 5.0  # seconds a store call may take, even while a cancellation u
 _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout to fire
 _NO_ANSWER = "sidestep: no answer within the request's deadline"
 _STALLED = "sidestep: the body stalled for longer than stall_timeout"
-
-
-@dataclass(frozen=True, slots=True)
-class Suspension:
-    """One scope that is not healthy, as `transport.suspensions()` lists it.
-
-    `target` and `route` name the target whose scope it is (for an origin no
-    route names, `target` is that origin and `route` None). A scope shared
-    by several targets — an origin or model scope on an origin that several
-    targets use — lists every (route, target) in `targets`; `target` and
-    `route` are the first of them.
-    """
-
-    scope_id: str
-    target: str
-    scope: str
-    state: str
-    reason: str | None
-    failures: int
-    retry_at: float | None  # on the transport's clock; None while open until cleared
-    retry_in: float | None
-    route: str | None = None
-    targets: tuple[tuple[str, str], ...] = ()
 
 
 class _Shell:
@@ -109,32 +84,18 @@ class _Shell:
         return self._suspensions(self._core.store.snapshot(now))
 
     def _suspensions(self, snapshot: list[ScopeStatus]) -> list[Suspension]:
-        owners, fingerprint = self._core.router.owners, self._core.store.fingerprint
-        rows = []
-        for s in snapshot:
-            targets = owners(s.scope, fingerprint)
-            route, target = targets[0] if targets else (None, s.scope.origin)
-            rows.append(
-                Suspension(
-                    scope_id=s.scope_id,
-                    target=target,
-                    scope=s.scope.kind.value,
-                    state=s.state.value,
-                    reason=s.reason,
-                    failures=s.failures,
-                    retry_at=None
-                    if math.isinf(s.retry_at) or s.state is not State.OPEN
-                    else s.retry_at,
-                    retry_in=s.retry_in,
-                    route=route,
-                    targets=targets,
-                )
-            )
-        return rows
+        return suspensions(snapshot, self._core.router, self._core.store)
 
     def clear(self, scope_id: str) -> bool:
-        """Close one scope by hand; whether it existed."""
-        return self._core.store.clear(scope_id)
+        """Close one scope by hand; whether it was unhealthy.
+
+        Emits ``suspension.cleared`` (``who="application"``), as the admin app
+        and the command line do, so the audit trail and the metrics see it.
+        """
+        return self._listing().clear(scope_id, "application") is not None
+
+    def _listing(self) -> Listing:
+        return Listing(self._core.store, self._core.router, self._core.clock)
 
 
 class _SyncShell(_Shell):
@@ -274,7 +235,7 @@ class _AsyncShell(_Shell):
 
     async def aclear(self, scope_id: str) -> bool:
         """`clear()` without blocking the event loop on a shared store."""
-        return await self._core.store.clear_async(scope_id)
+        return await self._listing().aclear(scope_id, "application") is not None
 
     async def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None

@@ -215,6 +215,7 @@ class Verdicts(CoreState):
                 route=run.route_name,
                 target=target.name,
                 scope=t.scope.kind.value,
+                scope_id=t.scope.scope_id,
                 state=t.state.value,
                 previous=t.previous.value,
                 reason=t.reason,

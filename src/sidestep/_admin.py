@@ -1,0 +1,271 @@
+"""The admin app's decisions, without I/O: authorise, route, answer.
+
+`handle` takes one request's method, path, query, ``Authorization`` header
+and peer, and yields the store operations it needs (`ListRows`, `ClearRow`)
+to the shell that performs them, sync (WSGI) or async (ASGI), then returns
+the `Answer`. Clearing names who asked: the audit event's ``who``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import html
+import json
+import time
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ._listing import Suspension, as_json, matches
+
+__all__ = ["Answer", "ClearRow", "ListRows", "Token", "handle", "tokens_of"]
+
+_FILTERS = ("route", "target", "reason")
+_PAGE = Path(__file__).with_name("_admin_page.html").read_text(encoding="utf-8")
+_API_HEADERS = [
+    ("content-type", "application/json"),
+    ("cache-control", "no-store"),
+    ("x-content-type-options", "nosniff"),
+]
+
+
+@dataclass(frozen=True)
+class Token:
+    """One bearer token the admin app accepts: its name (for the audit record) and secret.
+
+    A token with ``may_clear=False`` reads but cannot clear. The secret never
+    appears in a repr, a log or an answer.
+    """
+
+    name: str
+    secret: str = field(repr=False)
+    may_clear: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isprintable() or self.name != self.name.strip():
+            raise ValueError("a token's name must be non-empty and printable")
+        if not self.secret or any(ch.isspace() or not ch.isprintable() for ch in self.secret):
+            raise ValueError(
+                f"token {self.name!r}: the secret must be non-empty, printable, no spaces"
+            )
+
+
+def tokens_of(
+    token: str | Token | Sequence[Token] | None, allow_unauthenticated: bool
+) -> tuple[Token, ...]:
+    """The tokens an app accepts; raises unless there is one or unauthenticated use is allowed."""
+    if isinstance(token, str):
+        found: tuple[Token, ...] = (Token("admin", token),)
+    elif isinstance(token, Token):
+        found = (token,)
+    else:
+        found = tuple(token or ())
+        if not all(isinstance(t, Token) for t in found):
+            raise TypeError("token must be a string, a Token or a sequence of Tokens")
+    names = [t.name for t in found]
+    if len(set(names)) != len(names):
+        raise ValueError("token names must be unique")
+    if not found and not allow_unauthenticated:
+        raise ValueError(
+            "the admin app needs a token (token=...); pass allow_unauthenticated=True"
+            " only behind something that authenticates every request itself"
+        )
+    return found
+
+
+@dataclass(frozen=True)
+class ListRows:
+    """Effect: the store's rows, the configured routes, and the store's clock reading."""
+
+
+@dataclass(frozen=True)
+class ClearRow:
+    """Effect: clear `scope_id`; the row as it was (or None) and the store's clock reading."""
+
+    scope_id: str
+    who: str  # the token's name and the peer: the audit record's
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+_Steps = Generator[ListRows | ClearRow, Any, Answer]
+_ANONYMOUS = Token("anonymous", "-")
+
+
+def handle(
+    method: str,
+    path: str,
+    query: str,
+    authorization: str | None,
+    peer: str,
+    base: str,
+    tokens: tuple[Token, ...],
+) -> _Steps:
+    """Answer one request; `path` is below the app's mount point, `base` that mount point."""
+    who = _ANONYMOUS if not tokens else _authorise(authorization, tokens)
+    if who is None:
+        return _unauthorised(path)
+    if path in ("", "/"):
+        if method not in ("GET", "HEAD"):
+            return _not_allowed("GET, HEAD")
+        rows, routes, now = yield ListRows()
+        return _page(rows, routes, now, base, who)
+    if path == "/suspensions":
+        if method not in ("GET", "HEAD"):
+            return _not_allowed("GET, HEAD")
+        filters = {k: v for k, v in parse_qsl(query) if k in _FILTERS}
+        rows, routes, now = yield ListRows()
+        shown = [as_json(row, now, time.time()) for row in rows if matches(row, filters)]
+        return _json(200, {"routes": routes, "suspensions": shown})
+    if path.startswith("/suspensions/") and "/" not in path[len("/suspensions/") :]:
+        if method != "DELETE":
+            return _not_allowed("DELETE")
+        if not who.may_clear:
+            return _json(403, {"error": "forbidden"})
+        row, now = yield ClearRow(path[len("/suspensions/") :], f"{who.name}@{peer}")
+        if row is None:
+            return _json(404, {"error": "not_found"})
+        return _json(200, as_json(row, now, time.time()))
+    return _json(404, {"error": "not_found"})
+
+
+def _authorise(authorization: str | None, tokens: tuple[Token, ...]) -> Token | None:
+    """The token the header carries, compared in constant time with every token; None if none.
+
+    ``Bearer <token>``, or ``Basic`` with the token as the password (any user
+    name): the one way a browser sends a header by itself.
+    """
+    offered = _credential(authorization or "")
+    if offered is None:
+        return None
+    digest = hashlib.sha256(offered.encode()).digest()
+    found = None
+    for token in tokens:  # every token compared, so timing says nothing about which matched
+        if hmac.compare_digest(digest, hashlib.sha256(token.secret.encode()).digest()):
+            found = token
+    return found
+
+
+def _credential(authorization: str) -> str | None:
+    scheme, _, value = authorization.strip().partition(" ")
+    value = value.strip()
+    if scheme.lower() == "bearer" and value:
+        return value
+    if scheme.lower() == "basic" and value:
+        try:
+            decoded = base64.b64decode(value, validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        password = decoded.partition(":")[2]
+        return password or None
+    return None
+
+
+def _json(status: int, payload: object, extra: Sequence[tuple[str, str]] = ()) -> Answer:
+    body = json.dumps(payload).encode()
+    return Answer(status, [*_API_HEADERS, ("content-length", str(len(body))), *extra], body)
+
+
+def _unauthorised(path: str) -> Answer:
+    # the same answer for a missing, malformed or wrong token; the page also invites a
+    # browser's own login prompt (Basic, the token as the password)
+    challenge = 'Basic realm="sidestep", charset="UTF-8"' if path in ("", "/") else "Bearer"
+    return _json(401, {"error": "unauthorized"}, [("www-authenticate", challenge)])
+
+
+def _not_allowed(allowed: str) -> Answer:
+    return _json(405, {"error": "method_not_allowed"}, [("allow", allowed)])
+
+
+# --- the status page ------------------------------------------------------------------------
+
+_SCRIPT = _PAGE.split("<script>", 1)[1].split("</script>", 1)[0]
+_STYLE = _PAGE.split("<style>", 1)[1].split("</style>", 1)[0]
+
+
+def _csp_hash(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+_CSP = "; ".join(
+    [
+        "default-src 'none'",
+        f"script-src {_csp_hash(_SCRIPT)}",
+        f"style-src {_csp_hash(_STYLE)}",
+        "connect-src 'self'",
+        "img-src 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ]
+)
+_PAGE_HEADERS = [
+    ("content-type", "text/html; charset=utf-8"),
+    ("content-security-policy", _CSP),
+    ("cache-control", "no-store"),
+    ("x-content-type-options", "nosniff"),
+    ("referrer-policy", "no-referrer"),
+    ("x-frame-options", "DENY"),
+]
+
+
+def _page(
+    rows: list[Suspension], routes: dict[str, list[str]], now: float, base: str, who: Token
+) -> Answer:
+    body = (
+        _PAGE.replace("{{base}}", html.escape(base.rstrip("/") + "/"))
+        .replace("{{may_clear}}", "true" if who.may_clear else "false")
+        .replace("{{rows}}", _table(rows, routes, now))
+    ).encode()
+    return Answer(200, [*_PAGE_HEADERS, ("content-length", str(len(body)))], body)
+
+
+def _table(rows: list[Suspension], routes: Mapping[str, list[str]], now: float) -> str:
+    """The table as the page first shows it (and as it stays with scripts off)."""
+    wall = time.time()
+    by_target: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        for pair in row.targets or ((row.route, row.target),):
+            by_target.setdefault(pair, []).append(as_json(row, now, wall))
+    groups: list[tuple[str | None, list[str]]] = [(name, names) for name, names in routes.items()]
+    unrouted = sorted({t for (r, t) in by_target if r is None})
+    if unrouted:
+        groups.append((None, unrouted))
+    lines = []
+    for route, targets in groups:
+        title = html.escape(route) if route is not None else "unrouted origins"
+        lines.append(f'<tbody><tr class="route"><th colspan="7">{title}</th></tr>')
+        for target in targets:
+            found: list[dict[str, Any] | None] = [*by_target.get((route, target), [])]
+            for index, cells in enumerate(found or [None]):
+                lines.append(_tr(target if index == 0 else "", cells))
+        lines.append("</tbody>")
+    return "\n".join(lines)
+
+
+def _tr(target: str, row: dict[str, Any] | None) -> str:
+    name = f"<td>{html.escape(target)}</td>"
+    if row is None:
+        return f'<tr class="healthy">{name}<td>—</td><td>healthy</td>{"<td></td>" * 4}</tr>'
+    retry = row["retry_in"]
+    countdown = "until cleared" if retry is None else f"{retry:.0f}s"
+    scope_id = html.escape(row["scope_id"])
+    return (
+        f'<tr class="{html.escape(row["state"])}" data-scope="{scope_id}">{name}'
+        f"<td>{html.escape(row['scope'])}</td><td>{html.escape(row['state'])}</td>"
+        f"<td>{html.escape(row['reason'] or '')}</td>"
+        f'<td class="retry" data-retry="{"" if retry is None else retry}">{countdown}</td>'
+        f"<td>{html.escape(row['opened_at'] or '')}</td>"
+        f'<td><button type="button" class="clear" data-scope="{scope_id}" disabled>Clear</button>'
+        "</td></tr>"
+    )

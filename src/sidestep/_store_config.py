@@ -1,0 +1,164 @@
+"""The `store:` section of the configuration, and the store it builds.
+
+``store: {memory: {...}}`` (the default) or ``store: {redis: {...}}``: one key,
+naming the kind of store, whose mapping holds that store's options. Each kind
+is one model here and one builder in `_BUILDERS`; a new kind is one field on
+`StoreSettings`, its model and its builder. Redis is imported only when a
+Redis store is built, so a configuration naming one loads without the extra.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from ._store import StateStore
+
+__all__ = ["MemoryStoreSettings", "RedisStoreSettings", "StoreSettings", "build_store"]
+
+# The defaults of `MemoryStore` and `RedisStore`; tests/test_store_config.py checks
+# they are the classes' own (importing `_redis` here would need the redis extra).
+_MAX_SCOPES = 10_000
+_REDIS_TIMEOUT = 0.25
+_REDIS_TTL = 3600.0
+_REDIS_RETRY_INTERVAL = 1.0
+
+
+def _duration(value: object) -> object:
+    from ._config import parse_duration  # at validation time: `_config` imports this module
+
+    return parse_duration(value)
+
+
+def _count(value: object) -> object:
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true or false")
+    return value
+
+
+_Count = Annotated[int, BeforeValidator(_count), Field(ge=1)]
+_PositiveDuration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
+_NonNegativeDuration = Annotated[float, BeforeValidator(_duration), Field(ge=0)]
+_REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _check_redis_url(value: str) -> str:
+    # Every message names the rule, never the URL: it may hold a password.
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise ValueError("a Redis URL must not contain whitespace or control characters")
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  # parsing the port is the check
+    except ValueError:
+        raise ValueError("the Redis URL has a malformed host or port") from None
+    if parts.scheme not in _REDIS_SCHEMES:
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    if parts.scheme == "unix" and not parts.path:
+        raise ValueError("a unix:// Redis URL needs the socket's path")
+    return value
+
+
+def redis_server(url: str) -> str:
+    """The server of a Redis URL as it may be shown: scheme, host and port, never the rest."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return "unix://"
+    host = parts.hostname or "localhost"
+    shown = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{shown}:{parts.port or 6379}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
+
+
+class MemoryStoreSettings(_Model):
+    """`MemoryStore`: circuits inside this process."""
+
+    max_scopes: _Count = _MAX_SCOPES
+
+
+class RedisStoreSettings(_Model):
+    """`RedisStore`: circuits shared by every process and host on one Redis.
+
+    Every option of `RedisStore`; reprs show the server (scheme, host, port) only.
+    """
+
+    url: Annotated[str, AfterValidator(_check_redis_url)]
+    prefix: Annotated[str, Field(min_length=1)] = "sidestep"
+    fingerprint_key: Annotated[str, Field(min_length=1)] | None = Field(None, repr=False)
+    probe_lease: _PositiveDuration | None = None
+    timeout: _PositiveDuration = _REDIS_TIMEOUT
+    ttl: _PositiveDuration = _REDIS_TTL
+    max_scopes: _Count = _MAX_SCOPES
+    retry_interval: _NonNegativeDuration = _REDIS_RETRY_INTERVAL
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for key, value in super().__repr_args__():
+            yield key, (redis_server(value) if key == "url" else value)
+
+
+class StoreSettings(_Model):
+    """Where circuit state lives: exactly one kind of store (memory when none is named)."""
+
+    memory: MemoryStoreSettings | None = None
+    redis: RedisStoreSettings | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StoreSettings:
+        named = [kind for kind in _BUILDERS if getattr(self, kind) is not None]
+        if len(named) > 1:
+            raise ValueError(f"name one kind of store, not {len(named)}: {', '.join(named)}")
+        return self
+
+    @property
+    def kind(self) -> str:
+        """``"memory"``, ``"redis"``: the kind of store configured."""
+        return next((kind for kind in _BUILDERS if getattr(self, kind) is not None), "memory")
+
+    @property
+    def options(self) -> _Model:
+        """The configured kind's settings (memory's defaults when none is named)."""
+        found = getattr(self, self.kind)
+        return found if found is not None else MemoryStoreSettings()
+
+    @property
+    def shared(self) -> bool:
+        """Whether the store is shared between processes (its state lives outside this one)."""
+        return self.kind != "memory"
+
+
+def build_store(settings: StoreSettings) -> StateStore:
+    """A new store as `settings` describe it (no I/O: a Redis store connects on first use).
+
+    Raises:
+        ImportError: the store's kind needs an extra that is not installed.
+        ValueError: the store refuses its settings (never quoting the URL).
+    """
+    return _BUILDERS[settings.kind](settings.options)
+
+
+def _memory(options: Any) -> StateStore:
+    from ._store import MemoryStore
+
+    return MemoryStore(max_scopes=options.max_scopes)
+
+
+def _redis(options: Any) -> StateStore:
+    try:
+        from ._redis import RedisStore
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "redis":
+            raise
+        raise ImportError(
+            "store: redis needs the redis extra: pip install 'sidestep[redis]'"
+        ) from None
+    return RedisStore(**options.model_dump())
+
+
+# The kinds of store, in the order `StoreSettings` declares them.
+_BUILDERS: dict[str, Callable[[Any], StateStore]] = {"memory": _memory, "redis": _redis}

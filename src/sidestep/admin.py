@@ -1,0 +1,172 @@
+"""The admin app: list and clear suspensions over HTTP, and a status page.
+
+`app` is an ASGI app (Starlette, the ``admin`` extra) to mount in FastAPI or
+Starlette, or to serve on its own; `wsgi_app` is the same for WSGI servers
+and Flask. Both answer:
+
+- ``GET /`` — the status page: routes, their targets, each scope's state,
+  reason and a live countdown, a *Clear* button per row;
+- ``GET /suspensions`` — ``{"routes": ..., "suspensions": [rows]}``, filtered
+  by ``?route=``, ``?target=``, ``?reason=``;
+- ``DELETE /suspensions/{scope_id}`` — clears it, answers its row as it was
+  (404 for an unknown id), and emits ``suspension.cleared``.
+
+Every request needs a token: ``Authorization: Bearer <token>`` (or HTTP Basic
+with the token as the password, which a browser sends by itself). The app
+refuses to be built without one unless ``allow_unauthenticated=True``.
+
+Example:
+    >>> api.mount("/sidestep", sidestep.admin.app(transport, token=os.environ["ADMIN_TOKEN"]))
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._admin import Answer, ListRows, Token, handle, tokens_of
+from ._config import Config, as_config
+from ._listing import Listing
+from ._routes import Router
+from ._transport import _Shell
+
+if TYPE_CHECKING:
+    pass
+
+__all__ = ["Token", "app", "wsgi_app"]
+
+
+def _listing_of(source: Any, config: Config | None) -> Listing:
+    """The `Listing` of a transport (its store, routes and clock) or of a store.
+
+    A store alone knows no route or target names: give the `config` whose routes
+    name its scopes (without one, each row's target is its origin).
+    """
+    if isinstance(source, _Shell):
+        core = source._core
+        return Listing(core.store, core.router, core.clock)
+    if hasattr(source, "snapshot") and hasattr(source, "clear_async"):
+        return Listing(source, Router(as_config(config)), time.monotonic)
+    raise TypeError("expected a sidestep transport or a store")
+
+
+def app(
+    source: Any,
+    *,
+    token: str | Token | Sequence[Token] | None = None,
+    config: Config | None = None,
+    allow_unauthenticated: bool = False,
+) -> Any:
+    """The admin ASGI app (a Starlette app) over a transport or a store.
+
+    Args:
+        source: a `FailoverTransport`, `AsyncFailoverTransport` (or httpx2's),
+            or a `StateStore` such as a `RedisStore` shared with the application.
+        token: a secret (a token named ``admin`` that may clear), a `Token`, or
+            several `Token`s (e.g. a read-only one for a dashboard).
+        config: with a store, the configuration whose routes name its scopes.
+        allow_unauthenticated: serve without any token (only behind something
+            that authenticates every request itself).
+
+    Raises:
+        ValueError: no token, and `allow_unauthenticated` is not set.
+        ImportError: Starlette is not installed (``pip install 'sidestep[admin]'``).
+    """
+    tokens = tokens_of(token, allow_unauthenticated)
+    view = _listing_of(source, config)
+    try:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response
+        from starlette.routing import Route
+    except ModuleNotFoundError as exc:
+        raise ImportError(
+            "sidestep.admin.app needs Starlette: pip install 'sidestep[admin]'"
+        ) from exc
+
+    async def endpoint(request: Request) -> Response:
+        client = request.client
+        steps = handle(
+            request.method,
+            "/" + request.path_params.get("rest", ""),
+            request.url.query,
+            request.headers.get("authorization"),
+            f"{client.host}:{client.port}" if client else "unknown",
+            request.scope.get("root_path", ""),
+            tokens,
+        )
+        reply: Any = None
+        try:
+            while True:
+                effect = steps.send(reply)
+                if isinstance(effect, ListRows):
+                    rows = await view.asuspensions()
+                    reply = (rows, view.routes(), view.clock())
+                else:
+                    reply = (await view.aclear(effect.scope_id, effect.who), view.clock())
+        except StopIteration as done:
+            answer: Answer = done.value
+        response = Response(answer.body, answer.status)
+        response.raw_headers = [(k.encode(), v.encode()) for k, v in answer.headers]
+        return response
+
+    methods = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+    return Starlette(
+        routes=[
+            Route("/", endpoint, methods=methods),
+            Route("/{rest:path}", endpoint, methods=methods),
+        ]
+    )
+
+
+def wsgi_app(
+    source: Any,
+    *,
+    token: str | Token | Sequence[Token] | None = None,
+    config: Config | None = None,
+    allow_unauthenticated: bool = False,
+) -> Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]:
+    """The admin app for WSGI servers and Flask; the same arguments and answers as `app`.
+
+    Mount it in Flask with werkzeug's ``DispatcherMiddleware``:
+    ``flask_app.wsgi_app = DispatcherMiddleware(flask_app.wsgi_app, {"/sidestep": admin})``.
+    """
+    tokens = tokens_of(token, allow_unauthenticated)
+    view = _listing_of(source, config)
+
+    def application(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        # PEP 3333 hands the decoded path over as latin-1
+        path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
+        steps = handle(
+            environ.get("REQUEST_METHOD", "GET"),
+            path or "/",
+            environ.get("QUERY_STRING", ""),
+            environ.get("HTTP_AUTHORIZATION"),
+            f"{environ.get('REMOTE_ADDR', 'unknown')}:{environ.get('REMOTE_PORT', '')}".rstrip(":"),
+            environ.get("SCRIPT_NAME", ""),
+            tokens,
+        )
+        reply: Any = None
+        try:
+            while True:
+                effect = steps.send(reply)
+                if isinstance(effect, ListRows):
+                    reply = (view.suspensions(), view.routes(), view.clock())
+                else:
+                    reply = (view.clear(effect.scope_id, effect.who), view.clock())
+        except StopIteration as done:
+            answer: Answer = done.value
+        start_response(f"{answer.status} {_REASONS[answer.status]}", answer.headers)
+        return [] if environ.get("REQUEST_METHOD") == "HEAD" else [answer.body]
+
+    return application
+
+
+_REASONS = {
+    200: "OK",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+}

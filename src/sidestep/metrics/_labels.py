@@ -1,0 +1,226 @@
+"""The instruments, and the measurements each event makes: shared by every exporter.
+
+`INSTRUMENTS` lists what Prometheus and OpenTelemetry both report; `Measures`
+turns one event into its measurements — instrument, label values, amount —
+by the label rules, once for every exporter: route and target names come
+from the configuration, everything else from a fixed enumeration; a request
+that matches no route is labelled by its origin, up to `max_origins`
+distinct origins, past which it counts as ``other``. No label ever holds a
+path, a query, userinfo, a credential or a fingerprint.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .. import _classify as c11n
+from .._circuit import State
+from .._scopes import ScopeKind
+from .._watch import ATTEMPT_RESULTS, REQUEST_OUTCOMES
+
+__all__ = ["INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
+
+MAX_ORIGINS = 100  # distinct unrouted origins labelled by name; past that, "other"
+OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Instrument:
+    """One instrument: its names in each system, its kind, unit and labels."""
+
+    prometheus: str  # without the `_total` prometheus_client adds to a counter's samples
+    otel: str
+    kind: Literal["counter", "histogram", "updown"]
+    labels: tuple[str, ...]
+    description: str
+    unit: str = "1"
+
+    @property
+    def exposed(self) -> str:
+        """The name Prometheus shows: a counter's ends in ``_total``."""
+        return f"{self.prometheus}_total" if self.kind == "counter" else self.prometheus
+
+
+REQUESTS = Instrument(
+    "sidestep_requests",
+    "sidestep.requests",
+    "counter",
+    ("route", "outcome"),
+    "Requests handled, by how they ended",
+)
+ATTEMPTS = Instrument(
+    "sidestep_attempts",
+    "sidestep.attempts",
+    "counter",
+    ("route", "target", "result"),
+    "Upstream attempts, by result",
+)
+DURATION = Instrument(
+    "sidestep_attempt_duration_seconds",
+    "sidestep.attempt.duration",
+    "histogram",
+    ("route", "target"),
+    "Time from sending an attempt to its verdict (to the first byte of a stream)",
+    unit="s",
+)
+FAILOVERS = Instrument(
+    "sidestep_failovers",
+    "sidestep.failovers",
+    "counter",
+    ("route", "from_target", "to_target"),
+    "Moves from a failing target to the next one",
+)
+SKIPPED = Instrument(
+    "sidestep_candidates_skipped",
+    "sidestep.candidates.skipped",
+    "counter",
+    ("route", "target", "reason"),
+    "Calls never made because a scope of the target was not closed",
+)
+TRANSITIONS = Instrument(
+    "sidestep_circuit_transitions",
+    "sidestep.circuit.transitions",
+    "counter",
+    ("target", "scope", "from_state", "to_state", "reason"),
+    "Circuit state changes",
+)
+PROBES = Instrument(
+    "sidestep_probes_admitted",
+    "sidestep.probes.admitted",
+    "counter",
+    ("target", "scope"),
+    "Requests admitted as a half-open scope's probe",
+)
+SUSPENDED = Instrument(
+    "sidestep_suspended",
+    "sidestep.suspended",
+    "updown",
+    ("target", "scope", "reason"),
+    "Scopes currently open or half-open",
+)
+INSTRUMENTS = (REQUESTS, ATTEMPTS, DURATION, FAILOVERS, SKIPPED, TRANSITIONS, PROBES, SUSPENDED)
+
+Measure = tuple[Instrument, tuple[str, ...], float]
+
+_TRANSITION_EVENTS = frozenset({"circuit.opened", "circuit.half_open", "circuit.closed"})
+_RESULTS = frozenset(ATTEMPT_RESULTS)
+_OUTCOMES = frozenset(REQUEST_OUTCOMES)
+_REASONS = frozenset(
+    {*c11n.SUSPENSION_REASONS, c11n.UNAVAILABLE, c11n.CONTEXT_OVERFLOW, c11n.CLIENT_ERROR}
+)
+_SCOPES = frozenset(k.value for k in ScopeKind)
+_STATES = frozenset(s.value for s in State)
+_CLOSED = State.CLOSED.value
+
+
+def _one_of(value: object, allowed: frozenset[str]) -> str:
+    """`value` when it is one of `allowed`; "" for none; otherwise "other"."""
+    if value is None:
+        return ""
+    return value if isinstance(value, str) and value in allowed else OTHER
+
+
+class Measures:
+    """Each event's measurements, by the label rules (one instance per exporter).
+
+    Keeps two bounded memories: the unrouted origins labelled so far (at most
+    `max_origins`), and, by scope id, the reason each scope it saw leave
+    ``closed`` was suspended for, so that closing or clearing it takes the gauge
+    down under the same labels (two models of one target are two scopes).
+    """
+
+    def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
+        self._max_origins = max_origins
+        self._origins: set[str] = set()
+        self._suspended: dict[object, str] = {}  # by scope_id
+        self._lock = threading.Lock()
+
+    def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
+        if event == "attempt.finished":
+            result = fields.get("result")
+            if result not in _RESULTS:
+                return []  # cancelled: it never got a verdict
+            route, target = self._route_target(fields)
+            duration = fields.get("duration_s")
+            measures: list[Measure] = [(ATTEMPTS, (route, target, result), 1)]
+            if isinstance(duration, (int, float)):
+                measures.append((DURATION, (route, target), float(duration)))
+            return measures
+        if event == "request.finished":
+            outcome = fields.get("outcome")
+            if outcome not in _OUTCOMES:
+                return []
+            return [(REQUESTS, (self._route(fields), outcome), 1)]
+        if event == "failover":
+            route = self._route(fields)
+            previous = self._name(fields.get("previous"), route)
+            return [(FAILOVERS, (route, previous, self._name(fields.get("target"), route)), 1)]
+        if event == "candidate.skipped":
+            if fields.get("enforced") is False:
+                return []  # observe mode: the call was made
+            route, target = self._route_target(fields)
+            return [(SKIPPED, (route, target, _one_of(fields.get("reason"), _REASONS)), 1)]
+        if event in _TRANSITION_EVENTS:
+            return self._transition(fields)
+        if event == "suspension.cleared":
+            return self._cleared(fields)
+        if event == "probe.admitted":
+            _, target = self._route_target(fields)
+            return [(PROBES, (target, _one_of(fields.get("scope"), _SCOPES)), 1)]
+        return []
+
+    def _route(self, fields: Mapping[str, Any]) -> str:
+        route = fields.get("route")
+        return route if isinstance(route, str) else ""
+
+    def _route_target(self, fields: Mapping[str, Any]) -> tuple[str, str]:
+        route = self._route(fields)
+        return route, self._name(fields.get("target"), route)
+
+    def _name(self, target: object, route: str) -> str:
+        """A configured target's name; for unrouted traffic its origin, while under the cap."""
+        if not isinstance(target, str):
+            return ""
+        if route:
+            return target
+        if target in self._origins:
+            return target
+        with self._lock:
+            if len(self._origins) < self._max_origins:
+                self._origins.add(target)
+                return target
+        return OTHER
+
+    def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
+        """A scope cleared by hand: it leaves the gauge as its closing would have."""
+        _, target = self._route_target(fields)
+        with self._lock:
+            reason = self._suspended.pop(fields.get("scope_id"), None)
+        if reason is None:
+            return []
+        return [(SUSPENDED, (target, _one_of(fields.get("scope"), _SCOPES), reason), -1)]
+
+    def _transition(self, fields: Mapping[str, Any]) -> list[Measure]:
+        _, target = self._route_target(fields)
+        scope = _one_of(fields.get("scope"), _SCOPES)
+        before = _one_of(fields.get("previous"), _STATES)
+        after = _one_of(fields.get("state"), _STATES)
+        reason = _one_of(fields.get("reason"), _REASONS)
+        key = fields.get("scope_id")
+        measures: list[Measure] = []
+        with self._lock:
+            known = self._suspended.get(key)
+            if after == _CLOSED:
+                if known is not None:  # only what this process counted comes off
+                    reason = self._suspended.pop(key)
+                    measures.append((SUSPENDED, (target, scope, reason), -1))
+            elif known != reason and (before == _CLOSED or known is not None):
+                if known is not None:  # suspended again, for another reason
+                    measures.append((SUSPENDED, (target, scope, known), -1))
+                measures.append((SUSPENDED, (target, scope, reason), 1))
+                self._suspended[key] = reason
+        measures.append((TRANSITIONS, (target, scope, before, after, reason), 1))
+        return measures

@@ -1,0 +1,325 @@
+"""The admin app over real sockets: ASGI under uvicorn, WSGI under werkzeug, mounted in FastAPI
+and Flask, against a memory store (through the transport) and a real Redis (through the store),
+with suspensions caused by real failing upstreams."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import warnings
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import fastapi
+import flask
+import httpx
+import pytest
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+import sidestep
+import sidestep.admin
+from redis_server import fresh_prefix
+from servers import serve_asgi, serve_wsgi
+from sidestep._config import SidestepConfigWarning
+from sidestep.logging import add_observer, remove_observer
+from upstream import Respond, Upstream
+
+TOKEN = "admin-token-0123456789"
+READER = "reader-token-0123456789"
+TOKENS = [
+    sidestep.admin.Token("ops", TOKEN),
+    sidestep.admin.Token("dashboard", READER, may_clear=False),
+]
+CREDENTIAL = "sk-primary-credential-0123456789"
+
+
+def config_for(primary: Upstream, backup: Upstream) -> sidestep.Config:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold: 1
+        return sidestep.Config.model_validate(
+            {
+                "breaker": {"failure_threshold": 1, "cooldown": "5m", "max_cooldown": "10m"},
+                "routes": [
+                    {
+                        "name": "chat",
+                        "targets": [
+                            {
+                                "name": "primary",
+                                "url": f"{primary.url}/v1",
+                                "headers": {"authorization": f"Bearer {CREDENTIAL}"},
+                            },
+                            {"name": "backup", "url": f"{backup.url}/v1"},
+                        ],
+                    }
+                ],
+            }
+        )
+
+
+class Setup:
+    """A transport whose primary failed once (its scope open), and the admin's source."""
+
+    def __init__(self, store_kind: str, a: Upstream, b: Upstream, redis_url: str) -> None:
+        a.behaviour = lambda seen: Respond(503, b"down")
+        self.a, self.b = a, b
+        self.config = config_for(a, b)
+        self.store: Any = None
+        self.source: Any = None
+        if store_kind == "redis":
+            # the application's store, and the admin's own client of the same shared state
+            shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
+            self.store = sidestep.RedisStore(redis_url, **shared)
+            self.source = sidestep.RedisStore(redis_url, **shared)
+        self.transport = sidestep.FailoverTransport(self.config, store=self.store)
+        self.client = httpx.Client(transport=self.transport)
+        # With memory, only the transport's own process can read its state.
+        self.source = self.source or self.transport
+        self.admin_config = self.config if store_kind == "redis" else None
+
+    def fail_primary(self) -> None:
+        response = self.client.post(f"{self.a.url}/v1/chat?key=secret-query", json={})
+        assert response.text == "b"  # failed over
+        assert [row.target for row in self.transport.suspensions()] == ["primary"]
+
+    def asgi(self, **kw: Any) -> Any:
+        kw.setdefault("token", TOKENS)
+        return sidestep.admin.app(self.source, config=self.admin_config, **kw)
+
+    def wsgi(self, **kw: Any) -> Any:
+        kw.setdefault("token", TOKENS)
+        return sidestep.admin.wsgi_app(self.source, config=self.admin_config, **kw)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.store is not None:
+            self.store.close()
+            self.source.close()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def setup(
+    request: pytest.FixtureRequest, a: Upstream, b: Upstream, redis_url: str
+) -> Iterator[Setup]:
+    """A memory store read through its transport, or a real Redis read through the store."""
+    built = Setup(request.param, a, b, redis_url)
+    yield built
+    built.close()
+
+
+@contextlib.contextmanager
+def served(setup: Setup, kind: str, **kw: Any) -> Iterator[str]:
+    """The admin app served alone: ASGI under uvicorn or WSGI under werkzeug."""
+    if kind == "asgi":
+        with serve_asgi(setup.asgi(**kw), lifespan="off") as url:
+            yield url
+    else:
+        with serve_wsgi(setup.wsgi(**kw)) as url:
+            yield url
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def observer(event: str, fields: Any) -> None:
+        seen.append((event, dict(fields)))
+
+    add_observer(observer)
+    yield seen
+    remove_observer(observer)
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_lists_then_clears_what_real_traffic_suspended(
+    setup: Setup, kind: str, events: list[tuple[str, dict[str, Any]]]
+) -> None:
+    """GET /suspensions lists the failing primary; DELETE clears it, answers the row as it was, audits who did it; the next request reaches the primary; a second DELETE is a 404."""
+    setup.fail_primary()
+    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+        listed = admin.get("/suspensions", headers=bearer(TOKEN))
+        assert listed.status_code == 200
+        assert listed.headers["cache-control"] == "no-store"
+        data = listed.json()
+        assert data["routes"] == {"chat": ["primary", "backup"]}
+        (row,) = data["suspensions"]
+        assert row["route"] == "chat" and row["target"] == "primary"
+        assert row["state"] == "open" and row["reason"] == "unavailable"
+        assert row["failures"] == 1 and 250 < row["retry_in"] <= 300
+        assert row["targets"] == [{"route": "chat", "target": "primary"}]
+        opened = datetime.fromisoformat(row["opened_at"].replace("Z", "+00:00"))
+        assert abs((datetime.now(timezone.utc) - opened).total_seconds()) < 60
+
+        cleared = admin.delete(f"/suspensions/{row['scope_id']}", headers=bearer(TOKEN))
+        assert cleared.status_code == 200
+        assert cleared.json()["scope_id"] == row["scope_id"]
+        assert cleared.json()["state"] == "open"
+        assert admin.get("/suspensions", headers=bearer(TOKEN)).json()["suspensions"] == []
+        again = admin.delete(f"/suspensions/{row['scope_id']}", headers=bearer(TOKEN))
+        assert again.status_code == 404
+
+    (audit,) = [fields for event, fields in events if event == "suspension.cleared"]
+    assert audit["target"] == "primary" and audit["route"] == "chat"
+    assert audit["scope"] == row["scope"] and audit["reason"] == "unavailable"
+    assert audit["who"].startswith("ops@127.0.0.1:")
+    setup.a.behaviour = lambda seen: Respond(200, b"a")
+    before = setup.a.calls
+    assert setup.client.post(f"{setup.a.url}/v1/chat", json={}).text == "a"
+    assert setup.a.calls == before + 1
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_filters_by_route_target_and_reason(setup: Setup, kind: str) -> None:
+    """?route=, ?target= and ?reason= keep only the rows that match; an unknown filter is ignored."""
+    setup.fail_primary()
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(READER)) as admin:
+
+        def count(query: str) -> int:
+            return len(admin.get(f"/suspensions?{query}").json()["suspensions"])
+
+        assert count("route=chat") == 1
+        assert count("route=other") == 0
+        assert count("target=primary") == 1
+        assert count("target=backup") == 0
+        assert count("reason=unavailable") == 1
+        assert count("reason=rate_limited") == 0
+        assert count("colour=blue") == 1
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_every_endpoint_needs_a_token_and_a_wrong_one_gets_no_hint(setup: Setup, kind: str) -> None:
+    """No token, a wrong token, a malformed header or a cookie all get the same 401 on every endpoint; the page invites a browser login; HTTP Basic with the token as password reads."""
+    setup.fail_primary()
+    scope_id = setup.transport.suspensions()[0].scope_id
+    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+        answers = []
+        for method, path in [
+            ("GET", "/"),
+            ("GET", "/suspensions"),
+            ("DELETE", f"/suspensions/{scope_id}"),
+            ("GET", "/nowhere"),
+        ]:
+            for headers in [
+                {},
+                bearer("wrong-token"),
+                bearer(TOKEN[:-1]),
+                {"authorization": TOKEN},
+                {"authorization": "Basic !!!"},
+                {"cookie": f"token={TOKEN}"},
+            ]:
+                response = admin.request(method, path, headers=headers)
+                assert response.status_code == 401, (method, path, headers)
+                answers.append(response.content)
+        assert set(answers) == {b'{"error": "unauthorized"}'}
+        page = admin.get("/")
+        assert page.headers["www-authenticate"].startswith("Basic ")
+        basic = base64.b64encode(f"anyone:{READER}".encode()).decode()
+        assert admin.get("/suspensions", headers={"authorization": f"Basic {basic}"}).is_success
+    assert len(setup.transport.suspensions()) == 1  # nothing was cleared
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_read_only_token_reads_but_cannot_clear_and_clearing_is_never_a_get(
+    setup: Setup, kind: str
+) -> None:
+    """The read-only token lists but gets 403 on DELETE; GET or POST on a suspension is a 405; the scope stays open."""
+    setup.fail_primary()
+    scope_id = setup.transport.suspensions()[0].scope_id
+    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+        assert admin.get("/suspensions", headers=bearer(READER)).status_code == 200
+        forbidden = admin.delete(f"/suspensions/{scope_id}", headers=bearer(READER))
+        assert forbidden.status_code == 403
+        for method in ("GET", "POST"):
+            refused = admin.request(method, f"/suspensions/{scope_id}", headers=bearer(TOKEN))
+            assert refused.status_code == 405
+            assert refused.headers["allow"] == "DELETE"
+        assert admin.post("/suspensions", headers=bearer(TOKEN)).status_code == 405
+    assert [row.scope_id for row in setup.transport.suspensions()] == [scope_id]
+
+
+def test_the_app_refuses_to_be_built_without_a_token(a: Upstream, b: Upstream) -> None:
+    """No token raises, for ASGI and WSGI alike; allow_unauthenticated=True serves without one; bad tokens are refused."""
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    for build in (sidestep.admin.app, sidestep.admin.wsgi_app):
+        with pytest.raises(ValueError, match="needs a token"):
+            build(transport)
+        with pytest.raises(ValueError, match="needs a token"):
+            build(transport, token=[])
+        with pytest.raises(ValueError, match="unique"):
+            build(
+                transport, token=[sidestep.admin.Token("x", "s1"), sidestep.admin.Token("x", "s2")]
+            )
+    with pytest.raises(ValueError, match="secret"):
+        sidestep.admin.Token("ops", "has space")
+    assert "s3cr3t" not in repr(sidestep.admin.Token("ops", "s3cr3t"))
+    with pytest.raises(TypeError):
+        sidestep.admin.app(object(), token=TOKEN)
+    open_app = sidestep.admin.app(transport, allow_unauthenticated=True)
+    with serve_asgi(open_app, lifespan="off") as url:
+        assert httpx.get(f"{url}/suspensions").json() == {
+            "routes": {"chat": ["primary", "backup"]},
+            "suspensions": [],
+        }
+
+
+def test_mounted_in_fastapi_and_flask(setup: Setup) -> None:
+    """Mounted under /sidestep in FastAPI and in Flask (DispatcherMiddleware), the API answers there and the page points its script at that prefix."""
+    setup.fail_primary()
+    api = fastapi.FastAPI()
+    api.mount("/sidestep", setup.asgi())
+    web = flask.Flask(__name__)
+    web.wsgi_app = DispatcherMiddleware(web.wsgi_app, {"/sidestep": setup.wsgi()})  # type: ignore[method-assign]
+    servers: list[Callable[[], Any]] = [
+        lambda: serve_asgi(api, lifespan="off"),
+        lambda: serve_wsgi(web),
+    ]
+    for serve in servers:
+        with serve() as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+            rows = admin.get("/sidestep/suspensions").json()["suspensions"]
+            assert [row["target"] for row in rows] == ["primary"]
+            page = admin.get("/sidestep/")
+            assert page.status_code == 200
+            assert 'data-base="/sidestep/"' in page.text
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_the_page_is_readable_without_scripts_under_a_strict_policy(
+    setup: Setup, kind: str
+) -> None:
+    """The page lists each route's targets with their state in its HTML (no script needed), loads nothing from elsewhere, and forbids every source but its own hashed script and style."""
+    setup.fail_primary()
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+        page = admin.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"] == "text/html; charset=utf-8"
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'none'" in policy
+    assert "script-src 'sha256-" in policy and "unsafe" not in policy
+    assert "connect-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    text = page.text
+    assert '<th colspan="7">chat</th>' in text
+    assert '<tr class="open"' in text and "<td>primary</td>" in text
+    assert '<tr class="healthy"><td>backup</td>' in text
+    assert "http://" not in text and "https://" not in text and "src=" not in text
+    assert "/v1" not in text and CREDENTIAL not in text
+
+
+def test_the_json_rows_are_the_transport_rows(setup: Setup) -> None:
+    """The API's row and transport.suspensions() describe the same scope alike (one row builder)."""
+    setup.fail_primary()
+    (mine,) = setup.transport.suspensions()
+    with served(setup, "asgi") as url:
+        (row,) = httpx.get(f"{url}/suspensions", headers=bearer(TOKEN)).json()["suspensions"]
+    assert (row["scope_id"], row["target"], row["route"], row["scope"], row["state"]) == (
+        mine.scope_id,
+        mine.target,
+        mine.route,
+        mine.scope,
+        mine.state,
+    )
+    assert json.dumps(row).count(setup.a.url.split("//")[1]) == 0

@@ -1,0 +1,140 @@
+"""The admin status page in a real headless Chromium (Debian's chromium and chromium-driver).
+
+The page shows a target that real failing traffic suspended, with a live countdown; its Clear
+button closes the scope; the next request reaches that target; the page then shows it healthy.
+With ``SIDESTEP_SCREENSHOTS=docs/images`` the test also saves the screenshots the docs show.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+import sidestep
+import sidestep.admin
+from servers import serve_asgi
+from test_admin import TOKEN, config_for
+from upstream import Respond, Upstream
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+pytestmark = pytest.mark.slow
+
+
+def _browser(profile: Path, *, scripts: bool = True) -> webdriver.Chrome:
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        if not shutil.which(binary):
+            pytest.fail(
+                f"{binary} is missing: apt-get install chromium chromium-driver", pytrace=False
+            )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1100,560",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(flag)
+    if not scripts:
+        options.add_experimental_option(
+            "prefs", {"profile.managed_default_content_settings.javascript": 2}
+        )
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # Every request the page makes carries the token, as behind an authenticating proxy.
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Bearer {TOKEN}"}}
+    )
+    return driver
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    driver = _browser(tmp_path / "profile")
+    yield driver
+    driver.quit()
+
+
+def _row_of(driver: webdriver.Chrome, target: str) -> str:
+    """The class of `target`'s first row on the page ("open", "healthy", ...)."""
+    for row in driver.find_elements(By.CSS_SELECTOR, "tbody tr"):
+        cells = row.find_elements(By.TAG_NAME, "td")
+        if cells and cells[0].text == target:
+            return str(row.get_attribute("class"))
+    return ""
+
+
+def _save(driver: webdriver.Chrome, name: str, tmp_path: Path) -> None:
+    folder = Path(os.environ.get("SIDESTEP_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    assert driver.save_screenshot(str(folder / name))
+
+
+def test_the_page_shows_a_real_suspension_and_its_clear_button_closes_it(
+    browser: webdriver.Chrome, a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """Chromium shows the primary open with a countdown that ticks; Clear closes it; the next request reaches the primary; the page shows it healthy."""
+    a.behaviour = lambda seen: Respond(503, b"down")
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    with httpx.Client(transport=transport) as client:
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        app = sidestep.admin.app(transport, token=TOKEN)
+        with serve_asgi(app, lifespan="off") as url:
+            browser.get(f"{url}/")
+            wait = WebDriverWait(browser, 10, poll_frequency=0.05)
+            wait.until(lambda d: _row_of(d, "primary") == "open")
+            assert _row_of(browser, "backup") == "healthy"
+            countdown = browser.find_element(By.CSS_SELECTOR, "tr.open td.retry")
+            first = countdown.text
+            assert first.endswith("s") and 250 <= int(first[:-1]) <= 300
+            wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "tr.open td.retry").text != first)
+            _save(browser, "admin-open.png", tmp_path)
+
+            a.behaviour = lambda seen: Respond(200, b"a")
+            button = browser.find_element(By.CSS_SELECTOR, "tr.open button.clear")
+            assert button.is_enabled()
+            button.click()
+            wait.until(lambda d: _row_of(d, "primary") == "healthy")
+            assert transport.suspensions() == []
+            before = a.calls
+            assert client.post(f"{a.url}/v1/chat", json={}).text == "a"
+            assert a.calls == before + 1
+            browser.refresh()
+            wait.until(lambda d: _row_of(d, "primary") == "healthy")
+            assert not browser.find_elements(By.CSS_SELECTOR, "tr.open")
+            _save(browser, "admin-cleared.png", tmp_path)
+
+
+def test_the_page_is_readable_with_scripts_off(a: Upstream, b: Upstream, tmp_path: Path) -> None:
+    """With JavaScript disabled, Chromium still shows the open primary, and the Clear buttons stay disabled."""
+    a.behaviour = lambda seen: Respond(503, b"down")
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    driver = _browser(tmp_path / "profile", scripts=False)
+    try:
+        with httpx.Client(transport=transport) as client:
+            client.post(f"{a.url}/v1/chat", json={})
+        with serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off") as url:
+            driver.get(f"{url}/")
+            assert _row_of(driver, "primary") == "open"
+            assert _row_of(driver, "backup") == "healthy"
+            button = driver.find_element(By.CSS_SELECTOR, "tr.open button.clear")
+            assert not button.is_enabled()
+            assert "Scripts are off" in driver.find_element(By.TAG_NAME, "body").text
+    finally:
+        driver.quit()

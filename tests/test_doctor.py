@@ -1,0 +1,185 @@
+"""`sidestep doctor`: each check's ok and warn, its exit codes, its JSON, and that it never
+calls an upstream (only --online talks, and only to the configured Redis)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sidestep._cli import main
+from upstream import Upstream, free_port
+
+SECRET = "sk-doctor-secret-0123456789"
+
+
+def doctor(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, yaml: str, *extra: str
+) -> tuple[int, dict[str, list[dict[str, Any]]], str]:
+    """Run doctor --json on `yaml`: the exit status, findings by check, and stderr."""
+    path = tmp_path / "sidestep.yaml"
+    path.write_text(textwrap.dedent(yaml))
+    status = main(["doctor", "-c", str(path), "--json", *extra])
+    out, err = capsys.readouterr()
+    by_check: dict[str, list[dict[str, Any]]] = {}
+    if out:
+        for finding in json.loads(out)["findings"]:
+            by_check.setdefault(finding["check"], []).append(finding)
+    return status, by_check, err
+
+
+def statuses(found: dict[str, list[dict[str, Any]]], check: str) -> list[str]:
+    return [f["status"] for f in found.get(check, [])]
+
+
+GOOD = """\
+    failover: {total_timeout: 2m, first_byte_timeout: 20s, on_all_suspended: respond}
+    routes:
+      - name: chat
+        targets:
+          - {name: openai, url: "https://api.openai.com/v1", headers: {authorization: "Bearer ${DOCTOR_KEY}"}}
+          - {name: anthropic, url: "https://api.anthropic.com/v1", headers: {x-api-key: "${DOCTOR_KEY}"}}
+"""
+
+
+def test_a_sound_configuration_has_no_warning(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timeouts that fit, a budget that reaches every target, distinct origins, set variables: ok everywhere; only the memory store's process count is unknown; --strict exits 0."""
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    status, found, err = doctor(capsys, tmp_path, GOOD, "--strict")
+    assert status == 0, err
+    warns = [f for fs in found.values() for f in fs if f["status"] == "warn"]
+    assert warns == []
+    assert statuses(found, "store") == ["unknown"]
+    for check in ("timeouts", "budget", "redundancy", "first_byte", "windows", "variables"):
+        assert statuses(found, check) == ["ok"], check
+    assert found["retry_ambiguous"][0]["reason"].startswith("note: ")
+
+
+def test_each_problem_is_a_warning_with_its_keys(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempts that outlast total_timeout, a target beyond the budget, two targets on one origin and key, overlapping routes, an LLM route without first_byte_timeout raising under an SDK, a small buffer, short windows, a tiny minimum_calls, an unset variable: each warns, naming its keys; exit 0, and 1 with --strict."""
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    yaml = """\
+        breaker:
+          cooldown: 2s
+          failure_rate: {threshold: 0.5, minimum_calls: 3}
+        suspensions:
+          quota_exhausted: {initial: 1m, max: 1h}
+        failover: {total_timeout: 30s, first_byte_timeout: 20s, max_total_attempts: 2}
+        routes:
+          - name: chat
+            targets:
+              - {name: one, url: "https://api.openai.com/v1", headers: {authorization: "Bearer ${DOCTOR_KEY}"}}
+              - {name: two, url: "https://api.openai.com/v1", headers: {authorization: "Bearer ${DOCTOR_KEY}"}}
+              - {name: three, url: "https://backup.example/v1", headers: {authorization: "${DOCTOR_MISSING}"}}
+          - name: embeddings
+            commit: complete
+            max_buffered_bytes: 64KiB
+            failover: {first_byte_timeout: null}
+            targets:
+              - {name: main, url: "https://api.openai.com/v1/embeddings"}
+    """
+    status, found, _ = doctor(capsys, tmp_path, yaml)
+    assert status == 0
+    assert statuses(found, "timeouts") == ["warn", "unknown"]
+    assert "exceed total_timeout 30s" in found["timeouts"][0]["reason"]
+    assert found["timeouts"][0]["keys"] == [
+        "failover.first_byte_timeout",
+        "failover.max_total_attempts",
+        "failover.total_timeout",
+    ]
+    assert statuses(found, "budget") == ["warn", "ok"]
+    assert "three can never be reached" in found["budget"][0]["reason"]
+    assert statuses(found, "redundancy") == ["warn"]
+    assert found["redundancy"][0]["keys"] == ["routes[0].targets[0]", "routes[0].targets[1]"]
+    assert statuses(found, "overlap") == ["warn"]
+    assert statuses(found, "first_byte") == ["ok", "warn"]
+    assert found["first_byte"][1]["keys"] == ["routes[1].failover.first_byte_timeout"]
+    assert statuses(found, "on_all_suspended") == ["warn", "warn"]
+    assert statuses(found, "buffer") == ["warn"]
+    assert [f["keys"] for f in found["windows"]] == [
+        ["breaker.cooldown"],
+        ["suspensions.quota_exhausted"],
+    ]
+    assert statuses(found, "failure_rate") == ["warn"]
+    (variables,) = found["variables"]
+    assert variables["status"] == "warn" and variables["reason"].endswith(": DOCTOR_MISSING")
+    path = tmp_path / "sidestep.yaml"
+    assert main(["doctor", "-c", str(path), "--strict"]) == 1
+    text = capsys.readouterr().out
+    assert text.splitlines()[-1].endswith("unknown")
+    assert SECRET not in text and "DOCTOR_MISSING" in text
+
+
+def test_an_invalid_configuration_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A configuration that does not validate exits 2 with the key path and reason, never the value."""
+    status, found, err = doctor(
+        capsys, tmp_path, f"routes: [{{name: r, targets: [{{name: t, url: 'ftp://{SECRET}'}}]}}]"
+    )
+    assert status == 2 and found == {}
+    assert "routes[0].targets[0].url" in err and SECRET not in err
+    assert main(["doctor", "-c", str(tmp_path / "missing.yaml")]) == 2
+
+
+def test_the_store_findings_and_the_command_it_will_run(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A memory store under gunicorn with 4 workers warns, under one process is ok; a Redis store without fingerprint_key warns; offline it is unknown, --online pings the real server (ok) or a dead port (warn); the password never shows."""
+    status, found, _ = doctor(
+        capsys, tmp_path, "routes: []", "--", "gunicorn", "-w", "4", "app:app"
+    )
+    assert statuses(found, "store") == ["warn"]
+    _, found, _ = doctor(
+        capsys, tmp_path, "routes: []", "--", "uvicorn", "--workers", "1", "app:app"
+    )
+    assert statuses(found, "store") == ["ok"]
+    _, found, _ = doctor(capsys, tmp_path, "routes: []", "--", "uvicorn", "--workers=3", "app:app")
+    assert statuses(found, "store") == ["warn"]
+
+    monkeypatch.setenv("DOCTOR_REDIS", redis_url)
+    yaml = 'store: {redis: {url: "${DOCTOR_REDIS}"}}'
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    assert statuses(found, "store") == ["warn", "unknown"]
+    assert found["store"][0]["keys"] == ["store.redis.fingerprint_key"]
+    yaml = 'store: {redis: {url: "${DOCTOR_REDIS}", fingerprint_key: "${DOCTOR_KEY}"}}'
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    _, found, _ = doctor(capsys, tmp_path, yaml, "--online")
+    assert statuses(found, "store") == ["ok"]
+    monkeypatch.setenv("DOCTOR_REDIS", f"redis://:pw-{SECRET}@127.0.0.1:{free_port()}/0")
+    status, found, _ = doctor(capsys, tmp_path, yaml, "--online", "--strict")
+    assert statuses(found, "store") == ["warn"] and status == 1
+    assert SECRET not in json.dumps(found)
+
+
+def test_doctor_never_calls_an_upstream(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, a: Upstream
+) -> None:
+    """Even with --online, a route's target receives nothing: doctor reads the file only."""
+    yaml = f"routes: [{{name: r, targets: [{{name: t, url: '{a.url}'}}]}}]"
+    status, found, _ = doctor(capsys, tmp_path, yaml, "--online")
+    assert status == 0 and found
+    assert a.calls == 0 and a.connections == 0
+
+
+def test_the_configurations_own_warnings_are_findings(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A legal but surprising setting (a 50 ms cooldown, failure_threshold 1) is a `config` warning, and --strict fails on it."""
+    yaml = "breaker: {cooldown: 50ms, failure_threshold: 1}\n"
+    status, found, _ = doctor(capsys, tmp_path, yaml, "--strict")
+    assert status == 1
+    reasons = [f["reason"] for f in found["config"]]
+    assert statuses(found, "config") == ["warn", "warn"]
+    assert any("cooldown is under 100ms" in r for r in reasons)
+    assert any("failure_threshold is 1" in r for r in reasons)

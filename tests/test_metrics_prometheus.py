@@ -1,0 +1,200 @@
+"""Prometheus metrics from sidestep's events, in a real prometheus_client registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from drivers import FakeClock, MakeDriver, route
+from sidestep import AllCandidatesSuspended
+from sidestep.metrics import prometheus
+from sidestep.metrics._labels import INSTRUMENTS, Measures
+from upstream import Respond, Seen, Upstream
+
+
+def unavailable(seen: Seen) -> Respond:
+    return Respond(503, "down")
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    """A fresh registry with sidestep's metrics enabled in it (disabled afterwards)."""
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    yield registry
+    prometheus.disable()
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+def test_counters_move_through_an_outage(
+    make: MakeDriver, a: Upstream, b: Upstream, registry: CollectorRegistry
+) -> None:
+    """Served, then failed over, then A skipped while open, then probed and closed again: every instrument counts what happened, and the suspended gauge goes up and back down."""
+    clock = FakeClock()
+    config = route(
+        ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1, "cooldown": 10}
+    )
+    d = make(config, clock=clock)
+    assert d.get(a.url + "/v1/x").text == "a"
+    assert value(registry, "sidestep_requests_total", route="chat", outcome="served") == 1
+    assert (
+        value(registry, "sidestep_attempts_total", route="chat", target="a", result="success") == 1
+    )
+    assert value(registry, "sidestep_attempt_duration_seconds_count", route="chat", target="a") == 1
+
+    a.behaviour = unavailable
+    assert d.get(a.url + "/v1/x").text == "b"  # A fails and opens; B answers
+    outcome = "served_after_failover"
+    assert value(registry, "sidestep_requests_total", route="chat", outcome=outcome) == 1
+    assert (
+        value(registry, "sidestep_attempts_total", route="chat", target="a", result="unavailable")
+        == 1
+    )
+    assert (
+        value(registry, "sidestep_failovers_total", route="chat", from_target="a", to_target="b")
+        == 1
+    )
+    opened = {"target": "a", "scope": "origin", "reason": "unavailable"}
+    transition = {**opened, "from_state": "closed", "to_state": "open"}
+    assert value(registry, "sidestep_circuit_transitions_total", **transition) == 1
+    assert value(registry, "sidestep_suspended", **opened) == 1
+
+    for _ in range(3):
+        assert d.get(a.url + "/v1/x").text == "b"  # A is skipped: never called
+    skipped = {"route": "chat", "target": "a", "reason": "unavailable"}
+    assert value(registry, "sidestep_candidates_skipped_total", **skipped) == 3
+    assert a.calls == 2
+
+    a.behaviour = lambda seen: Respond(body="a")
+    clock.advance(11)
+    assert d.get(a.url + "/v1/x").text == "a"  # the probe succeeds and A closes
+    assert value(registry, "sidestep_probes_admitted_total", target="a", scope="origin") == 1
+    closed = {"target": "a", "scope": "origin", "reason": "unavailable"}
+    assert value(registry, "sidestep_suspended", **closed) == 0
+    assert (
+        value(
+            registry,
+            "sidestep_circuit_transitions_total",
+            **closed,
+            from_state="half_open",
+            to_state="closed",
+        )
+        == 1
+    )
+    assert value(registry, "sidestep_requests_total", route="chat", outcome="served") == 2
+
+
+def test_all_suspended_and_upstream_error_outcomes(
+    make: MakeDriver, a: Upstream, registry: CollectorRegistry
+) -> None:
+    """The last failing answer handed over counts as upstream_error; a request with every candidate open counts as all_suspended."""
+    a.behaviour = unavailable
+    d = make(route(("a", a.url + "/v1"), breaker={"failure_threshold": 1}), clock=FakeClock())
+    assert d.get(a.url + "/v1/x").status == 503
+    with pytest.raises(AllCandidatesSuspended):
+        d.get(a.url + "/v1/x")
+    assert value(registry, "sidestep_requests_total", route="chat", outcome="upstream_error") == 1
+    assert value(registry, "sidestep_requests_total", route="chat", outcome="all_suspended") == 1
+
+
+def test_connection_errors_count_as_error_outcomes(
+    make: MakeDriver, registry: CollectorRegistry
+) -> None:
+    """An attempt that cannot connect is `unavailable` with its duration observed; the request raising is `error`."""
+    from upstream import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    d = make(route(("a", dead + "/v1")), clock=FakeClock())
+    with pytest.raises(Exception, match="onnect"):
+        d.get(dead + "/v1/x")
+    assert value(registry, "sidestep_requests_total", route="chat", outcome="error") == 1
+    assert (
+        value(registry, "sidestep_attempts_total", route="chat", target="a", result="unavailable")
+        == 1
+    )
+
+
+def test_unrouted_traffic_is_labelled_by_origin_up_to_a_cap(
+    make: MakeDriver, a: Upstream, b: Upstream, registry: CollectorRegistry
+) -> None:
+    """An unrouted request's target label is its origin only (no path, query or userinfo); past the cap, origins count as `other`."""
+    d = make(None)
+    d.get(f"http://user:pw@127.0.0.1:{a.port}/secret/path?key=sk-abcdefghijkl")
+    text = generate_latest(registry).decode()
+    assert f'target="http://127.0.0.1:{a.port}"' in text
+    assert 'route=""' in text
+    for secret in ("secret", "path", "sk-abc", "user", "pw@"):
+        assert secret not in text
+    measures = Measures(max_origins=1)
+    first = measures("attempt.finished", {"route": None, "target": "http://x", "result": "success"})
+    second = measures(
+        "attempt.finished", {"route": None, "target": "http://y", "result": "success"}
+    )
+    assert first[0][1] == ("", "http://x", "success")
+    assert second[0][1] == ("", "other", "success")
+
+
+def test_every_instrument_is_registered_with_its_labels(registry: CollectorRegistry) -> None:
+    """The registry exposes each documented instrument, under its documented name and type."""
+    text = generate_latest(registry).decode()
+    for instrument in INSTRUMENTS:
+        kind = {"counter": "counter", "histogram": "histogram", "updown": "gauge"}[instrument.kind]
+        assert f"# TYPE {instrument.exposed} {kind}" in text
+
+
+def test_enable_is_idempotent_and_refuses_a_second_registry(registry: CollectorRegistry) -> None:
+    """Enabling again into the same registry changes nothing; into another one is refused."""
+    prometheus.enable(registry)
+    with pytest.raises(ValueError, match="enabled already"):
+        prometheus.enable(CollectorRegistry())
+
+
+def test_a_scope_cleared_by_hand_leaves_the_suspended_gauge(
+    make: MakeDriver, a: Upstream, b: Upstream, registry: CollectorRegistry
+) -> None:
+    """`transport.clear()` emits `suspension.cleared`, which takes the scope off the gauge; clearing it again changes nothing."""
+    a.behaviour = unavailable
+    d = make(
+        route(("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1}),
+        clock=FakeClock(),
+    )
+    assert d.get(a.url + "/v1/x").text == "b"
+    opened = {"target": "a", "scope": "origin", "reason": "unavailable"}
+    assert value(registry, "sidestep_suspended", **opened) == 1
+    (row,) = d.transport.suspensions()
+    assert d.transport.clear(row.scope_id) is True
+    assert value(registry, "sidestep_suspended", **opened) == 0
+    assert d.transport.clear(row.scope_id) is False
+    assert value(registry, "sidestep_suspended", **opened) == 0
+
+
+def test_two_scopes_of_one_target_and_kind_count_apart() -> None:
+    """The gauge follows scopes by id: two models of one target open at once count twice, and closing one leaves the other counted."""
+    measures = Measures()
+
+    def transition(scope_id: str, previous: str, state: str) -> float:
+        fields = {
+            "route": "chat",
+            "target": "a",
+            "scope": "origin+model",
+            "scope_id": scope_id,
+            "previous": previous,
+            "state": state,
+            "reason": "unavailable",
+        }
+        return sum(
+            amount
+            for instrument, _, amount in measures("circuit.opened", fields)
+            if instrument.prometheus == "sidestep_suspended"
+        )
+
+    assert transition("m1", "closed", "open") == 1
+    assert transition("m2", "closed", "open") == 1
+    assert transition("m1", "half_open", "closed") == -1
+    assert transition("m2", "open", "half_open") == 0
+    assert transition("m2", "half_open", "closed") == -1
