@@ -95,7 +95,9 @@ SCRIPT: list[tuple[str, str, str, str, float]] = [
     ("GET", "http://llm.internal/v1/models", "ok", "503", 4),  # primary back after 3 s
     ("GET", "http://llm.internal/v1/models", "broken", "ok", 0),
     ("GET", "http://llm.internal/v1/models", "timeout", "connect", 0),
-    ("GET", "http://llm.internal/v1/models", "500", "500", 11),
+    ("GET", "http://llm.internal/v1/models", "500", "500", 0),
+    ("GET", "http://llm.internal/v1/models", "500", "500", 0),  # both open
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 11),  # every candidate suspended
     ("GET", "http://unrouted.example/a", "ok", "ok", 0),
     ("GET", "http://unrouted.example/a", "ok", "ok", 0),
     ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),
@@ -146,14 +148,16 @@ def _state(transport: Any) -> list[dict[str, Any]]:
     return sorted((asdict(s) for s in transport.suspensions()), key=lambda s: s["scope_id"])
 
 
-def _run_sync(fast: bool, **extra: Any) -> list[Any]:
+def _run_sync(fast: bool, body: bool = True, **extra: Any) -> list[Any]:
     transport, script, clock = _transport(False, fast, **extra)
     trail: list[Any] = []
     with httpx.Client(transport=transport) as client:
         for method, url, primary, backup, advance in [RACE, *SCRIPT]:
             script.primary, script.backup = primary, backup
             try:
-                trail.append(_result(client.request(method, url, json={"model": "m"})))
+                trail.append(
+                    _result(client.request(method, url, json={"model": "m"} if body else None))
+                )
             except Exception as exc:
                 trail.append((type(exc).__name__, str(exc)))
             trail.append(_state(transport))
@@ -161,7 +165,7 @@ def _run_sync(fast: bool, **extra: Any) -> list[Any]:
     return trail
 
 
-def _run_async(fast: bool, **extra: Any) -> list[Any]:
+def _run_async(fast: bool, body: bool = True, **extra: Any) -> list[Any]:
     async def main() -> list[Any]:
         transport, script, clock = _transport(True, fast, **extra)
         trail: list[Any] = []
@@ -169,7 +173,9 @@ def _run_async(fast: bool, **extra: Any) -> list[Any]:
             for method, url, primary, backup, advance in SCRIPT:
                 script.primary, script.backup = primary, backup
                 try:
-                    response = await client.request(method, url, json={"model": "m"})
+                    response = await client.request(
+                        method, url, json={"model": "m"} if body else None
+                    )
                     trail.append(_result(response))
                 except Exception as exc:
                     trail.append((type(exc).__name__, str(exc)))
@@ -197,11 +203,17 @@ VARIANTS = {
 }
 
 
+@pytest.mark.parametrize("body", [True, False], ids=["model", "no-body"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("run", [_run_sync, _run_async], ids=["sync", "async"])
-def test_same_answers_and_store_state(run: Any, variant: str) -> None:
-    """With nobody listening, every answer, error and store state is the same on both paths."""
-    fast, general = run(True, **VARIANTS[variant]), run(False, **VARIANTS[variant])
+def test_same_answers_and_store_state(run: Any, variant: str, body: bool) -> None:
+    """With nobody listening, every answer, error and store state is the same on both paths.
+
+    Without a body, failures count for the origin's own scope, which then refuses
+    before any key is made.
+    """
+    extra = VARIANTS[variant]
+    fast, general = run(True, body, **extra), run(False, body, **extra)
     assert len(fast) >= 2 * len(SCRIPT)
     assert fast == general
 

@@ -38,7 +38,7 @@ __all__ = ["Core"]
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 
 
-def _never(url: Any) -> Any:
+def _never(*args: Any) -> Any:
     return None  # not through a proxy; no look at an origin without admitting
 
 
@@ -77,8 +77,10 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # The store's lock-free look at an origin, for the fast path (`decide`):
         # only a MemoryStore's, since only its admission is known to be that look.
         self._healthy: Callable[[str], int | None] = _never
+        self._origin_refused: Callable[[str, Any, float], Admission | None] = _never
         if type(self.store) is MemoryStore:
             self._healthy = self.store.healthy
+            self._origin_refused = self.store.refused
         # A replacement classifier judges every answer, a 2xx included: no fast verdict.
         self._quick = self._healthy is not _never and not self._custom_classifier
         # Whether an attempt to this URL goes through a proxy: set by the shell,
@@ -131,15 +133,21 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         )
         targets = run.cands.targets
         for index, target in enumerate(targets):
-            self._candidate(run, index, target)
             if quick:
                 seq = healthy(target.origin)
                 if seq is not None:
                     # Admitted as the store would admit it (nothing kept for the origin):
                     # its ticket is made only if the request leaves the fast path.
+                    self._candidate(run, index, target)
                     run.index, run.seq, run.ready = index, seq, True
                     run.sent_at = self.clock()
                     return run
+                refused = self._origin_refused(target.origin, self.breaker, self.clock())
+                if refused is not None:
+                    # refused as the store would refuse it: no request rebuilt, no key made
+                    self._refused(run, target, refused)
+                    continue
+            self._candidate(run, index, target)
             facts = self._scope_facts(run, target)
             admission = self.store.admit(facts, self.breaker, self.clock())
             if admission.ticket is None:

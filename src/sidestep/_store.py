@@ -212,6 +212,32 @@ class MemoryStore:
         kept = self._state.origins.get(origin)
         return self._seq if kept is None or not kept.unhealthy else None
 
+    def refused(self, origin: str, policy: BreakerPolicy, now: float) -> Admission | None:
+        """The refusal `admit` gives every request to `origin` now, its own scope being
+        open; None when that is not known without the request's keys."""
+        kept = self._state.origins.get(origin)
+        if kept is None or not kept.unhealthy:
+            return None
+        return self._refused(kept, origin, policy, now)
+
+    def _refused(
+        self, kept: _Origin, origin: str, policy: BreakerPolicy, now: float
+    ) -> Admission | None:
+        if not policy.enforce:
+            return None
+        # The origin's own scope comes first among every request's keys: when it
+        # refuses, that is the answer, before any body parse or hash (an outage).
+        key = kept.key
+        if key is None:
+            key = kept.key = ScopeKey(ScopeKind.ORIGIN, origin)
+        c = self._state.entries.get(key)
+        if c is None or c.state is not State.OPEN or now >= c.retry_at:
+            return None
+        refused = kept.refused  # the same answer for every request it turns away
+        if refused is None or refused[0] is not c:
+            refused = kept.refused = (c, Admission(None, _refusal(key, c)))
+        return refused[1]
+
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
@@ -221,18 +247,9 @@ class MemoryStore:
         if origin is None or not origin.unhealthy:
             # The healthy path: no key, no body parse, no hash, no lock.
             return Admission(Ticket(facts, self._seq))
-        if policy.enforce:
-            # The origin's own scope comes first among every request's keys: when it
-            # refuses, that is the answer, before any body parse or hash (an outage).
-            key = origin.key
-            if key is None:
-                key = origin.key = ScopeKey(ScopeKind.ORIGIN, facts.origin)
-            c = self._state.entries.get(key)
-            if c is not None and c.state is State.OPEN and now < c.retry_at:
-                refused = origin.refused  # the same answer for every request it turns away
-                if refused is None or refused[0] is not c:
-                    refused = origin.refused = (c, Admission(None, _refusal(key, c)))
-                return refused[1]
+        refused = self._refused(origin, facts.origin, policy, now)
+        if refused is not None:
+            return refused
         keys = facts.keys()
         with self._lock:
             return self._admit(facts, keys, policy, now)
@@ -386,7 +403,10 @@ class MemoryStore:
         if before is None:
             if len(entries) >= self._max:
                 self._evict()
-            origins.setdefault(key.origin, _Origin()).unhealthy += 1
+            kept = origins.setdefault(key.origin, _Origin())
+            kept.unhealthy += 1
+            if key.kind is ScopeKind.ORIGIN:
+                kept.key = key  # the very key of the entry: found by identity
         entries[key] = after
 
     def _forget(self, key: ScopeKey) -> None:
