@@ -36,6 +36,7 @@ SCENARIOS = (
     "ratelimit",
     "scale",
     "redis_store",
+    "sqlite_store",
 )
 Row = dict[str, Any]
 

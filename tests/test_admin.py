@@ -20,7 +20,7 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
 import sidestep.admin
-from redis_server import fresh_prefix
+from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
@@ -323,3 +323,111 @@ def test_the_json_rows_are_the_transport_rows(setup: Setup) -> None:
         mine.state,
     )
     assert json.dumps(row).count(setup.a.url.split("//")[1]) == 0
+
+
+@contextlib.contextmanager
+def admin_over_redis(
+    kind: str, a: Upstream, b: Upstream, app_url: str, admin_url: str, **options: Any
+) -> Iterator[tuple[httpx.Client, httpx.Client]]:
+    """The application's client on Redis at `app_url`, and a client of the admin app served
+    over its own RedisStore at `admin_url` (with `options`); the primary answers 503."""
+    a.behaviour = lambda seen: Respond(503, b"down")
+    config = config_for(a, b)
+    shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
+    store = sidestep.RedisStore(app_url, retry_interval=0, **shared)
+    source = sidestep.RedisStore(admin_url, retry_interval=0, **options, **shared)
+    build = sidestep.admin.app if kind == "asgi" else sidestep.admin.wsgi_app
+    app = build(source, token=TOKEN, config=config)
+    with contextlib.ExitStack() as stack:
+        stack.callback(store.close)
+        stack.callback(source.close)
+        client = stack.enter_context(
+            httpx.Client(transport=sidestep.FailoverTransport(config, store=store))
+        )
+        url = stack.enter_context(
+            serve_asgi(app, lifespan="off") if kind == "asgi" else serve_wsgi(app)
+        )
+        admin = stack.enter_context(httpx.Client(base_url=url, headers=bearer(TOKEN)))
+        yield client, admin
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_redis_that_stops_answering_is_a_503_not_an_empty_list(
+    a: Upstream, b: Upstream, kind: str
+) -> None:
+    """With the shared Redis down, the list, the page and a clear answer 503 store_unavailable (never "no suspensions" or "not found", and never the URL's password); once Redis answers again, what fails next is listed and clears."""
+    server = RedisServer()
+    server.start()
+    with contextlib.ExitStack() as stack:
+        stack.callback(server.stop)
+        client, admin = stack.enter_context(admin_over_redis(kind, a, b, server.url, server.url))
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        (row,) = admin.get("/suspensions").json()["suspensions"]
+        server.stop()
+        for method, path in [
+            ("GET", "/suspensions"),
+            ("GET", "/"),
+            ("DELETE", f"/suspensions/{row['scope_id']}"),
+        ]:
+            answer = admin.request(method, path)
+            assert answer.status_code == 503, (method, path)
+            assert answer.json() == {"error": "store_unavailable"}
+            assert PASSWORD not in answer.text
+        server.start()  # empty: nothing is persisted
+        assert admin.get("/suspensions").json()["suspensions"] == []
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        (again,) = admin.get("/suspensions").json()["suspensions"]
+        assert admin.delete(f"/suspensions/{again['scope_id']}").status_code == 200
+
+
+def test_a_secret_no_header_carries_as_typed_is_refused(a: Upstream, b: Upstream) -> None:
+    """A token's secret must be printable ASCII: a non-ASCII one, which a client sends as UTF-8 and a server reads as latin-1, would never match a Bearer header, so it is refused when the token is made."""
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    for secret in ("tökén-0123456789", "tab\there", "nul\x00here"):
+        with pytest.raises(ValueError, match="printable ASCII") as raised:
+            sidestep.admin.Token("ops", secret)
+        assert secret not in str(raised.value)
+        with pytest.raises(ValueError, match="printable ASCII"):
+            sidestep.admin.app(transport, token=secret)
+
+
+class LateProxy(DelayProxy):
+    """A proxy in front of Redis that holds back one reply: the one `skip` replies from now."""
+
+    def __init__(self, server: RedisServer) -> None:
+        super().__init__(server)
+        self._skip, self._late = -1, 0.0
+
+    def late(self, skip: int, seconds: float) -> None:
+        with self._lock:
+            self._skip, self._late = skip, seconds
+
+    def _pause(self) -> float:
+        with self._lock:
+            self.replies += 1
+            self._skip -= 1
+            return self._late if self._skip == -1 else 0.0
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_clear_whose_answer_redis_never_gives_is_a_503_not_a_404(
+    a: Upstream,
+    b: Upstream,
+    kind: str,
+    redis_server: RedisServer,
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """When Redis lists a scope but the clear's reply does not come in time, DELETE answers 503 store_unavailable: whether it was cleared is unknown, so never "not found", and no audit event claims it."""
+    proxy = LateProxy(redis_server)
+    with contextlib.ExitStack() as stack:
+        stack.callback(proxy.close)
+        client, admin = stack.enter_context(
+            admin_over_redis(kind, a, b, redis_server.url, proxy.url, timeout=0.2)
+        )
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        (row,) = admin.get("/suspensions").json()["suspensions"]  # connected, script loaded
+        proxy.late(skip=1, seconds=1.0)  # the listing's reply comes, the clear's does not
+        answer = admin.delete(f"/suspensions/{row['scope_id']}")
+        assert answer.status_code == 503
+        assert answer.json() == {"error": "store_unavailable"}
+    assert "suspension.cleared" not in [event for event, _ in events]

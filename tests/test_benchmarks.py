@@ -43,6 +43,7 @@ def _scenarios() -> list[str]:
         "ratelimit",
         "scale",
         "redis_store",
+        "sqlite_store",
     )
     return [name for name in names if (BENCHMARKS / f"{name}.py").exists()]
 

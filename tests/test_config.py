@@ -594,6 +594,26 @@ def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
     assert quota == SuspensionWindow(initial=900.0, max=21600.0)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{n}: &{n} [{', '.join([f'*{p}'] * 10)}]\n"
+            for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+        ),
+        "a: &a [*a]\n",
+    ],
+    ids=["billion-laughs", "cycle"],
+)
+def test_a_document_that_aliases_expand_past_any_configuration_is_refused(
+    tmp_path: Path, text: str
+) -> None:
+    """Aliases that stand for a billion values (or a list holding itself) are refused at once, rather than walked until memory or patience runs out."""
+    message = str(load_error(tmp_path, text))
+    assert "more than 100,000 values once its aliases are expanded" in message
+
+
 @pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "list"), ("just text\n", "str")])
 def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
     """A document whose top level is not a mapping is refused, naming its type only."""

@@ -45,7 +45,12 @@ from sidestep._config import (
     Target,
 )
 from sidestep._observability import Observability
-from sidestep._store_config import MemoryStoreSettings, RedisStoreSettings, StoreSettings
+from sidestep._store_config import (
+    MemoryStoreSettings,
+    RedisStoreSettings,
+    SqliteStoreSettings,
+    StoreSettings,
+)
 from upstream import Respond, Upstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,6 +153,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     "`failover`": (FailoverPolicy, {}),
     "`suspensions`": (Suspensions, {}),
     "`observability`": (Observability, {}),
+    "`store.sqlite`": (SqliteStoreSettings, {"path": "state.db"}),
     "A suspension window": (SuspensionWindow, {"initial": 1, "max": None}),
     "`routes[]`": (
         Route,

@@ -183,3 +183,34 @@ def test_the_configurations_own_warnings_are_findings(
     assert statuses(found, "config") == ["warn", "warn"]
     assert any("cooldown is under 100ms" in r for r in reasons)
     assert any("failure_threshold is 1" in r for r in reasons)
+
+
+def test_numbers_durations_and_switches_from_unset_variables_are_not_invalid(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A setting or list item that is one unset ${VAR} — a count, a duration, a switch, a match URL — leaves the configuration checkable: the variables warn by name and exit 0 (2 only once a set variable's value is invalid, naming its key)."""
+    monkeypatch.delenv("DOCTOR_ATTEMPTS", raising=False)
+    monkeypatch.delenv("DOCTOR_TIMEOUT", raising=False)
+    monkeypatch.delenv("DOCTOR_RETRY", raising=False)
+    monkeypatch.delenv("DOCTOR_MATCH", raising=False)
+    yaml = """\
+        failover:
+          max_total_attempts: "${DOCTOR_ATTEMPTS}"
+          total_timeout: "${DOCTOR_TIMEOUT}"
+          retry_ambiguous: "${DOCTOR_RETRY}"
+        routes:
+          - name: chat
+            match: ["${DOCTOR_MATCH}"]
+            targets: [{name: a, url: "https://a.example/v1"}, {name: b, url: "https://b.example/v1"}]
+    """
+    status, found, err = doctor(capsys, tmp_path, yaml, "--strict")
+    assert status == 1, err  # a warning, not an invalid configuration
+    (variables,) = found["variables"]
+    assert variables["reason"].endswith(
+        ": DOCTOR_ATTEMPTS, DOCTOR_MATCH, DOCTOR_RETRY, DOCTOR_TIMEOUT"
+    )
+    assert statuses(found, "budget") == ["ok"]
+    monkeypatch.setenv("DOCTOR_ATTEMPTS", "many")
+    status, found, err = doctor(capsys, tmp_path, yaml)
+    assert status == 2 and found == {}
+    assert "failover.max_total_attempts" in err and "many" not in err

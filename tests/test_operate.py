@@ -18,7 +18,7 @@ import pytest
 import sidestep
 import sidestep.admin
 from redis_server import PASSWORD, fresh_prefix
-from servers import serve_asgi
+from servers import serve_asgi, serve_wsgi
 from sidestep._cli import main
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
@@ -227,3 +227,56 @@ def test_the_installed_command_runs_the_operations(redis_setup: Redis) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert [row["scope_id"] for row in json.loads(done.stdout)["suspensions"]] == [scope_id]
+
+
+def test_the_cli_says_what_is_wrong_with_an_admin_url_or_token_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unparsable --admin-url, a token no header can carry, a URL that answers but not as the admin app (HTML, other JSON, another app's 404) each exit nonzero with one line naming the problem, never a traceback or the token; a SCOPE_ID is sent as one path segment."""
+    seen: list[str] = []
+    answers = {
+        "/html/suspensions": ("text/html", b"<html>a login page</html>"),
+        "/json/suspensions": ("application/json", b'{"items": []}'),
+        "/json/suspensions/x": ("application/json", b'{"ok": true}'),
+    }
+
+    def impostor(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.append(environ["REQUEST_URI"])
+        kind, body = answers.get(
+            environ["PATH_INFO"], ("application/json", b'{"error": "not_found"}')
+        )
+        if environ["PATH_INFO"].startswith("/html/suspensions/"):  # another app's 404
+            kind, body = "text/html", b"<html>no such page</html>"
+        status = "200 OK" if environ["PATH_INFO"] in answers else "404 Not Found"
+        start_response(status, [("content-type", kind)])
+        return [body]
+
+    monkeypatch.setenv("ADMIN_TOKEN", "cli-admin-token-0123456789")
+    with serve_wsgi(impostor) as url:
+        for argv in [
+            ["suspensions", "--admin-url", f"{url}/html"],
+            ["suspensions", "--admin-url", f"{url}/json"],
+            ["clear", "--admin-url", f"{url}/json", "x"],
+        ]:
+            status, out, err = run(capsys, *argv, "--token-env", "ADMIN_TOKEN")
+            assert status == 1 and "not as sidestep's admin app" in err, argv
+            assert out == ""
+        status, _, err = run(
+            capsys, "clear", "--admin-url", url, "--token-env", "ADMIN_TOKEN", "../x?y"
+        )
+        assert status == 1 and "no suspension has that scope_id" in err
+        assert seen[-1] == "/suspensions/..%2Fx%3Fy"  # one segment below /suspensions/
+        status, _, err = run(
+            capsys, "clear", "--admin-url", f"{url}/html", "--token-env", "ADMIN_TOKEN", "x"
+        )
+        assert status == 1 and "answered 404" in err  # a wrong URL, not an unknown id
+
+    status, _, err = run(
+        capsys, "suspensions", "--admin-url", "http://[::1", "--token-env", "ADMIN_TOKEN"
+    )
+    assert status == 1 and "cannot reach the admin app (InvalidURL)" in err
+    monkeypatch.setenv("ADMIN_TOKEN", "tökén-0123456789")
+    status, _, err = run(
+        capsys, "suspensions", "--admin-url", "http://127.0.0.1:1", "--token-env", "ADMIN_TOKEN"
+    )
+    assert status == 2 and "holds no usable token" in err and "tökén" not in err

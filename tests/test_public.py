@@ -36,6 +36,7 @@ def test_public_names_are_pinned() -> None:
         "InvalidUpstreamBody",
         "MemoryStore",
         "SidestepError",
+        "SqliteStore",
         "StateStore",
         "Suspension",
         "__version__",

@@ -4,7 +4,8 @@ The semantics themselves are pinned by tests/test_store.py, which runs every
 store test on both stores; here a random differential test holds RedisStore
 to MemoryStore's answers, socket-level tests stage slow, lost and missing
 replies (`DelayProxy`, a silent socket, a stopped server), and the
-transports run in four spawned worker processes sharing one prefix.
+transports run in four spawned worker processes sharing one prefix, or one
+SQLite file: those multi-process tests run on `SqliteStore` too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -38,8 +40,11 @@ from drivers import route
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, FailureRate, Suspensions
-from sidestep._redis import RedisStore, _LocalTicket, _RedisTicket
+from sidestep._failopen import LocalTicket
+from sidestep._redis import RedisStore
+from sidestep._redis_calls import RedisTicket
 from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
+from sidestep._sqlite import SqliteStore
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
 from upstream import Hang, Respond, Upstream, wait_for
 
@@ -64,7 +69,13 @@ def proxy(redis_server: RedisServer) -> Iterator[DelayProxy]:
 
 
 def store_on(url: str, **kw: Any) -> RedisStore:
-    """A store on a fresh prefix whose windows follow the caller's (fake) clock."""
+    """A store on a fresh prefix whose windows follow the caller's (fake) clock.
+
+    Its mirror is off unless asked for: these tests count and delay the round
+    trips a store makes without one, as it does while its mirror is not live
+    (test_redis_mirror.py tests the mirror; the store suite runs with it).
+    """
+    kw.setdefault("mirror", False)
     store = RedisStore(url, prefix=kw.pop("prefix", None) or fresh_prefix(), **kw)
     store._caller_clock = True
     return store
@@ -240,7 +251,7 @@ def test_redis_store_answers_exactly_like_memory_store(
 
 
 def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
-    """A healthy origin costs one script call per admission and per verdict; an origin known unhealthy sends its keys in the first call."""
+    """Without a live mirror, a healthy origin costs one script call per admission and per verdict; an origin known unhealthy sends its keys in the first call."""
     store = store_on(redis_url)
     calls: list[str] = []
     script = store._script
@@ -264,7 +275,7 @@ def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
 
 
 def test_a_new_connection_costs_three_replies_then_one_per_call(proxy: DelayProxy) -> None:
-    """A new connection costs three replies before the call's own (none for CLIENT SETINFO, no NOSCRIPT detour): authentication, loading the script, the call; later calls cost one."""
+    """A new connection costs three replies before the call's own (none for CLIENT SETINFO, no NOSCRIPT detour): authentication, loading the script, the call; later calls cost one (the mirror off: its subscription has a connection of its own)."""
     store = store_on(proxy.url)
     p = BreakerPolicy()
     store.admit(facts(store), p, 0)
@@ -295,7 +306,7 @@ async def test_an_async_call_is_bounded_as_a_whole_by_the_timeout(
     started = time.monotonic()
     admission = await store.admit_async(facts(store), BreakerPolicy(), 0)
     waited = time.monotonic() - started
-    assert isinstance(admission.ticket, _LocalTicket) and store.fallbacks == 1
+    assert isinstance(admission.ticket, LocalTicket) and store.fallbacks == 1
     assert 0.25 <= waited < 2 * 0.25
     await store.aclose()
 
@@ -434,7 +445,7 @@ def test_a_request_cancelled_as_the_store_times_out_is_not_sent(
     proxy: DelayProxy, a: Upstream, b: Upstream
 ) -> None:
     """Requests cancelled as Redis's time runs out raise CancelledError and none is sent upstream (on Python 3.10 the store's timeout took the cancellation for its own, served them from memory and sent them)."""
-    store = _CancelledAsItTimesOut(proxy.url, prefix=fresh_prefix(), timeout=0.1)
+    store = _CancelledAsItTimesOut(proxy.url, prefix=fresh_prefix(), timeout=0.1, mirror=False)
     transport = sidestep.AsyncFailoverTransport(
         route(("a", a.url + "/v1"), ("b", b.url + "/v1")), store=store
     )
@@ -479,7 +490,7 @@ def test_a_timed_out_admission_gives_its_probe_slot_back(
 
     proxy.hold(1, 1.0)  # only the admission's reply is late: the drop goes through at once
     late = slow.admit(facts(slow), ONE_PROBE, 10.0)
-    assert isinstance(late.ticket, _LocalTicket) and slow.fallbacks == 1
+    assert isinstance(late.ticket, LocalTicket) and slow.fallbacks == 1
     assert leases(redis_server, slow, key) == {}
     probe = direct.admit(facts(direct), ONE_PROBE, 10.0).ticket
     assert probe is not None and probe.probes
@@ -487,7 +498,7 @@ def test_a_timed_out_admission_gives_its_probe_slot_back(
 
     proxy.delay = 1.0  # every reply is late: the drop waits
     late = slow.admit(facts(slow), ONE_PROBE, 10.0)
-    assert isinstance(late.ticket, _LocalTicket) and slow.fallbacks == 2
+    assert isinstance(late.ticket, LocalTicket) and slow.fallbacks == 2
     assert len(leases(redis_server, slow, key)) == 1  # taken by the lost admission
     assert direct.admit(facts(direct), ONE_PROBE, 10.0).ticket is None
     proxy.delay = 0.0
@@ -506,7 +517,7 @@ def test_an_admission_reaching_redis_after_its_drop_takes_nothing(
     store = store_on(redis_server.url)
     open_scope(store, ONE_PROBE)
     key = model_scope(store)
-    monkeypatch.setattr("sidestep._redis._token", lambda keys: "given-up")
+    monkeypatch.setattr("sidestep._redis_calls._token", lambda keys: "given-up")
     store._queue_drops([("given-up", "5000", "1", key.scope_id)])
     store._send_drops()  # the drop overtook its admission
     assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None
@@ -528,7 +539,7 @@ def test_stores_forked_from_one_parent_never_free_each_others_probes(redis_url: 
 
     def child() -> None:  # pragma: no cover - runs in the forked process
         ticket = store.admit(facts(store), p, 5.0).ticket
-        assert isinstance(ticket, _RedisTicket) and ticket.probes
+        assert isinstance(ticket, RedisTicket) and ticket.probes
         theirs.send(ticket.token)
         theirs.recv()  # the parent holds its own probe now
         store.release(ticket)
@@ -539,7 +550,7 @@ def test_stores_forked_from_one_parent_never_free_each_others_probes(redis_url: 
     try:
         child_token = mine.recv()
         probe = store.admit(facts(store), p, 5.0).ticket
-        assert isinstance(probe, _RedisTicket) and probe.probes
+        assert isinstance(probe, RedisTicket) and probe.probes
         assert probe.token != child_token
         mine.send("go")
         assert mine.recv() == "released"
@@ -668,7 +679,7 @@ def test_falls_back_to_memory_and_returns_when_redis_answers(own_redis: RedisSer
         assert store.record(redis_ticket, FAIL, p, Suspensions(), 0) == ()  # dropped
         local = [store.admit(facts(store), p, 0).ticket for _ in range(5)]
         assert store.fallbacks == 1  # one failed call, then memory until the retry is due
-        assert all(isinstance(t, _LocalTicket) for t in local)
+        assert all(isinstance(t, LocalTicket) for t in local)
         for t in local[:2]:
             assert t is not None
             store.record(t, FAIL, p, Suspensions(), 0)  # recorded in memory
@@ -677,11 +688,11 @@ def test_falls_back_to_memory_and_returns_when_redis_answers(own_redis: RedisSer
 
         def back_on_redis() -> bool:
             ticket = store.admit(facts(store, model="other"), p, 1).ticket
-            return isinstance(ticket, _RedisTicket)
+            return isinstance(ticket, RedisTicket)
 
         wait_for(back_on_redis)
         back = store.admit(facts(store), p, 1)
-        assert isinstance(back.ticket, _RedisTicket)  # Redis's state: not opened there
+        assert isinstance(back.ticket, RedisTicket)  # Redis's state: not opened there
         store.record(back.ticket, FAIL, p, Suspensions(), 1)
         assert [s.failures for s in store.snapshot(1)] == [1]
     assert [e["event"] for e in logs] == ["store.unavailable", "store.recovered"]
@@ -696,18 +707,18 @@ def test_local_state_is_forgotten_when_redis_answers_again(own_redis: RedisServe
     own_redis.stop()
     open_scope(store, p)  # in memory
     late = store.admit(facts(store, model="late"), p, 0).ticket
-    assert isinstance(late, _LocalTicket)
+    assert isinstance(late, LocalTicket)
     assert store.admit(facts(store), p, 1).ticket is None
     own_redis.start()
     back = store.admit(facts(store), p, 1)
-    assert isinstance(back.ticket, _RedisTicket)
+    assert isinstance(back.ticket, RedisTicket)
     assert store.snapshot(1) == [] and len(store._fallback) == 0
     late_model = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
     store.record(late, late_model, p, Suspensions(), 1)  # to the store that issued it
     assert len(store._fallback) == 0 and store.snapshot(1) == []
     own_redis.stop()  # the next outage
     again = store.admit(facts(store), p, 2)
-    assert isinstance(again.ticket, _LocalTicket) and again.refusal is None
+    assert isinstance(again.ticket, LocalTicket) and again.refusal is None
     store.close()
 
 
@@ -873,7 +884,7 @@ async def test_async_transport_shares_state_through_the_async_methods(
 
 
 def test_async_clients_close_with_their_event_loop(own_redis: RedisServer) -> None:
-    """Twenty asyncio.run() calls through one store leave no connection of theirs open, and aclose closes the running loop's client but not the sync one."""
+    """Twenty asyncio.run() calls through one store leave no connection of theirs open, and aclose closes the running loop's client but not the sync one (the mirror off: its subscription has a connection of its own)."""
     store = store_on(own_redis.url)
     p = BreakerPolicy()
     with own_redis.client() as admin:
@@ -912,7 +923,9 @@ def _worker(inbox: Any, outbox: Any) -> None:  # pragma: no cover - runs in a ch
         key = json.dumps([job["config"], job["store"]], sort_keys=True)
         with lock:
             if key not in clients:
-                store = RedisStore(**job["store"])
+                spec = dict(job["store"])
+                shared: Any = SqliteStore if spec.pop("kind", "redis") == "sqlite" else RedisStore
+                store = shared(**spec)
                 transport = sidestep.FailoverTransport(job["config"], store=store)
                 clients[key] = httpx.Client(transport=transport, timeout=10)
             return clients[key]
@@ -939,7 +952,7 @@ def _worker(inbox: Any, outbox: Any) -> None:  # pragma: no cover - runs in a ch
 
 
 class Workers:
-    """Spawned processes running sidestep's sync transport over RedisStore, driven by jobs."""
+    """Spawned processes running sidestep's sync transport over a shared store, driven by jobs."""
 
     def __init__(self, n: int) -> None:
         context = multiprocessing.get_context("spawn")
@@ -1010,12 +1023,21 @@ def pair() -> Iterator[tuple[Upstream, Upstream]]:
     backup.close()
 
 
+@pytest.fixture(params=["redis", "sqlite"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Where the workers share state: a fresh prefix on the session's Redis, or a fresh file."""
+    if request.param == "sqlite":
+        return {"kind": "sqlite", "path": str(tmp_path / "state.db")}
+    url = request.getfixturevalue("redis_url")
+    return {"kind": "redis", "url": url, "prefix": fresh_prefix(), "fingerprint_key": "shared"}
+
+
 def job(
-    url: str, primary: Upstream, backup: Upstream, n: int = 1, **breaker: Any
+    where: dict[str, Any], primary: Upstream, backup: Upstream, n: int = 1, **breaker: Any
 ) -> dict[str, Any]:
-    """A job: `n` GETs through a route primary -> backup, with a RedisStore on `url`."""
-    store = {"url": url, "prefix": breaker.pop("prefix"), "fingerprint_key": "shared-secret"}
-    store.update(breaker.pop("store", {}))
+    """A job: `n` GETs through a route primary -> backup, sharing state `where` says
+    (``store=`` adds arguments of the store)."""
+    store = {**where, **breaker.pop("store", {})}
     failover = breaker.pop("failover", {})
     return {
         "config": route(
@@ -1032,12 +1054,12 @@ def job(
 
 @pytest.mark.slow
 def test_failures_in_one_process_make_every_process_skip_the_target(
-    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+    workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
     """After failure_threshold failures seen by one process, no process sends the target another call."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
-    spec = job(redis_url, primary, backup, prefix=fresh_prefix())
+    spec = job(shared, primary, backup)
     assert workers.run(0, **{**spec, "n": 2}) == ["200 backup"] * 2
     assert primary.calls == 2
     assert workers.everywhere(**{**spec, "n": 5}) == ["200 backup"] * 20
@@ -1046,12 +1068,12 @@ def test_failures_in_one_process_make_every_process_skip_the_target(
 
 @pytest.mark.slow
 def test_exactly_half_open_probes_across_processes(
-    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+    workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
     """After the window, exactly half_open_probes requests over all processes reach the target; their success closes it for everyone."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
-    spec = job(redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.5, half_open_probes=2)
+    spec = job(shared, primary, backup, cooldown=0.5, half_open_probes=2)
     workers.run(0, **{**spec, "n": 2})
     gate = threading.Event()
     primary.behaviour = lambda seen: Respond(body="primary", gate=gate)
@@ -1069,14 +1091,14 @@ def test_exactly_half_open_probes_across_processes(
 
 @pytest.mark.slow
 def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
-    workers: Workers, pair: tuple[Upstream, Upstream], redis_url: str
+    workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
     """A process killed while holding the probe keeps the slot only until its lease (here the request's total_timeout) ends; then another process probes."""
     primary, backup = pair
     primary.behaviour = lambda seen: Respond(503)
     lease = 6.0  # room for spawning and importing while several test runs share the cores
     spec = job(
-        redis_url, primary, backup, prefix=fresh_prefix(), cooldown=0.3,
+        shared, primary, backup, cooldown=0.3,
         failover={"total_timeout": lease},
     )  # fmt: skip
     workers.run(0, **{**spec, "n": 2})
@@ -1108,7 +1130,8 @@ def test_redis_outage_mid_traffic_fails_no_request_and_sharing_resumes(
 ) -> None:
     """Redis stopped and restarted under traffic from four processes: every request succeeds, and afterwards state is shared again."""
     primary, backup = pair
-    spec = job(own_redis.url, primary, backup, prefix=fresh_prefix(), store={"retry_interval": 0.2})
+    redis_spec = {"kind": "redis", "url": own_redis.url, "prefix": fresh_prefix()}
+    spec = job(redis_spec, primary, backup, store={"retry_interval": 0.2})
     ids = [workers.submit(w, **{**spec, "n": 40, "pause": 0.02}) for w in range(4)]
     wait_for(lambda: primary.calls >= 20)
     own_redis.stop()

@@ -190,3 +190,35 @@ def test_no_secret_reaches_admin_answers_or_cli_output(
     for name, secret in [*s.items(), *(("fingerprint", f) for f in fingerprints)]:
         for text in written:
             assert secret not in text, name
+
+
+def test_the_sqlite_file_and_its_events_hold_no_secret(tmp_path: Path) -> None:
+    """Through a SqliteStore, neither the file (nor its journal) holds a credential, path or query, and its warning never names the file's directory."""
+    secret = "S3CR3Tsqlite0123456789"
+    config = {
+        "breaker": {"failure_threshold": 2},
+        "routes": [{"name": "chat", "targets": [{"name": "p", "url": "https://p.example/v1"}]}],
+    }
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": f"bad {request.url}"}})
+
+    store = sidestep.SqliteStore(tmp_path / "state.db")
+    transport = sidestep.FailoverTransport(
+        config, transport=httpx.MockTransport(upstream), store=store
+    )
+    with httpx.Client(transport=transport) as client:
+        for _ in range(2):  # the threshold: the scope opens
+            client.get(
+                f"https://u:{secret}@p.example/v1/{secret}?key={secret}",
+                headers={"authorization": f"Bearer {secret}"},
+            )
+    assert store.snapshot(0)  # something was kept, and it is what is checked
+    store.close()
+    for part in tmp_path.iterdir():
+        assert secret.encode() not in part.read_bytes(), part.name
+    hidden = tmp_path / secret
+    with structlog.testing.capture_logs() as logs:
+        sidestep.SqliteStore(hidden / "state.db")  # the directory does not exist: memory
+    assert [e["event"] for e in logs] == ["store.unavailable"]
+    assert secret not in json.dumps(logs, default=str)

@@ -1,7 +1,8 @@
 """The circuit state machine as the stores run it: fake clock, no sleeps.
 
-Every test runs on `MemoryStore` and on `RedisStore` against a real Redis (its
-private caller-clock hook lets the same fake clock drive the server's windows).
+Every test runs on `MemoryStore`, on `SqliteStore` over a real file, and on
+`RedisStore` against a real Redis (their private caller-clock hooks let the
+same fake clock drive the windows).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import pytest
@@ -19,6 +21,7 @@ from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, FailureRate, Suspensions
 from sidestep._redis import RedisStore
 from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._sqlite import SqliteStore
 from sidestep._store import MemoryStore, Ticket
 
 ORIGIN = "https://api.example:443"
@@ -29,19 +32,23 @@ OK = Verdict(Kind.SUCCESS, None, None, failover=False)
 NEUTRAL = Verdict(Kind.NEUTRAL, "client_error", None, failover=False)
 SUSPENSIONS = Suspensions()
 
-Store: TypeAlias = MemoryStore | RedisStore
+Store: TypeAlias = MemoryStore | SqliteStore | RedisStore
 MakeStore: TypeAlias = Callable[..., Store]
 
 
-@pytest.fixture(params=["memory", "redis"])
-def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
-    """Builds the store under test; a RedisStore gets a fresh prefix and follows the fake clock."""
-    made: list[RedisStore] = []
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeStore]:
+    """Builds the store under test; a shared store gets a fresh file or prefix and follows the fake clock."""
+    made: list[RedisStore | SqliteStore] = []
 
     def make(**kw: Any) -> Store:
+        store: RedisStore | SqliteStore
         if request.param == "memory":
             return MemoryStore(**kw)
-        store = RedisStore(request.getfixturevalue("redis_url"), prefix=fresh_prefix(), **kw)
+        if request.param == "sqlite":
+            store = SqliteStore(tmp_path / f"{len(made)}.db", **kw)
+        else:
+            store = RedisStore(request.getfixturevalue("redis_url"), prefix=fresh_prefix(), **kw)
         store._caller_clock = True
         made.append(store)
         return store
@@ -49,7 +56,7 @@ def make_store(request: pytest.FixtureRequest) -> Iterator[MakeStore]:
     yield make
     for store in made:
         store.close()
-        assert store.fallbacks == 0  # every operation ran on Redis, none fell back to memory
+        assert store.fallbacks == 0  # every operation ran on the shared store, none fell back
 
 
 def policy(**changes: object) -> BreakerPolicy:

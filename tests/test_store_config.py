@@ -13,20 +13,29 @@ import pytest
 
 import sidestep
 from sidestep._config import as_config
-from sidestep._store_config import MemoryStoreSettings, RedisStoreSettings, build_store
+from sidestep._store_config import (
+    MemoryStoreSettings,
+    RedisStoreSettings,
+    SqliteStoreSettings,
+    build_store,
+)
 
 PASSWORD = "S3CR3Tstorepassword"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_defaults_are_the_stores_own() -> None:
-    """Every option of RedisStore and MemoryStore is a key, with the class's own default."""
-    redis_store = inspect.signature(sidestep.RedisStore.__init__).parameters
-    options = {name: p.default for name, p in redis_store.items() if name not in ("self", "url")}
-    assert set(options) == set(RedisStoreSettings.model_fields) - {"url"}
-    built = RedisStoreSettings(url="redis://localhost")
-    for name, default in options.items():
-        assert getattr(built, name) == default, name
+    """Every option of RedisStore, SqliteStore and MemoryStore is a key, with the class's own default."""
+    for store, settings, first in [
+        (sidestep.RedisStore, RedisStoreSettings, "url"),
+        (sidestep.SqliteStore, SqliteStoreSettings, "path"),
+    ]:
+        parameters = inspect.signature(store.__init__).parameters
+        options = {name: p.default for name, p in parameters.items() if name not in ("self", first)}
+        assert set(options) == set(settings.model_fields) - {first}, store
+        built = settings.model_validate({first: "redis://localhost"})
+        for name, default in options.items():
+            assert getattr(built, name) == default, (store, name)
     memory = inspect.signature(sidestep.MemoryStore.__init__).parameters
     assert MemoryStoreSettings().max_scopes == memory["max_scopes"].default
 
@@ -41,7 +50,9 @@ def test_the_defaults_are_the_stores_own() -> None:
         ({"redis": {"url": "redis://h"}, "memory": {}}, "name one kind of store, not 2"),
         ({"memory": {"max_scopes": 0}}, "store.memory.max_scopes"),
         ({"memory": {"max_scopes": True}}, "not true or false"),
-        ({"sqlite": {}}, "store.sqlite: unknown key"),
+        ({"sqlite": {}}, "store.sqlite.path: a required key is missing"),
+        ({"sqlite": {"path": "s.db"}, "memory": {}}, "name one kind of store, not 2"),
+        ({"sqlite": {"path": "s.db", "refresh": -1}}, "store.sqlite.refresh"),
     ],
 )
 def test_invalid_store_settings_name_the_key_never_the_url(store: object, message: str) -> None:
@@ -78,10 +89,23 @@ def test_the_kind_builds_its_store(redis_url: str) -> None:
     redis_store = build_store(settings)
     try:
         assert type(redis_store) is sidestep.RedisStore
-        assert redis_store._prefix == "p1" and redis_store._ttl_ms == "120000"  # type: ignore[attr-defined]
+        assert redis_store._prefix == "p1" and redis_store._calls.ttl_ms == "120000"  # type: ignore[attr-defined]
         assert settings.shared
     finally:
         redis_store.close()  # type: ignore[attr-defined]
+
+
+def test_sqlite_builds_a_sqlite_store_with_its_options(tmp_path: Path) -> None:
+    """sqlite builds a SqliteStore on the configured file with the configured refresh; it is shared."""
+    path = tmp_path / "state.db"
+    settings = as_config({"store": {"sqlite": {"path": str(path), "refresh": "50ms"}}}).store
+    store = build_store(settings)
+    try:
+        assert type(store) is sidestep.SqliteStore
+        assert store._path == str(path) and store._refresh == 0.05  # type: ignore[attr-defined]
+        assert settings.kind == "sqlite" and settings.shared
+    finally:
+        store.close()  # type: ignore[attr-defined]
 
 
 def test_install_uses_the_configured_store_and_keeps_it_while_it_is_the_same(

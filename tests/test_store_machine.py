@@ -1,6 +1,13 @@
-"""Random interleavings of admit, record and release against the probe-slot invariants."""
+"""Random interleavings of admit, record and release against the probe-slot invariants.
+
+They run on `MemoryStore` and on `SqliteStore` over a real file, whose view
+of the file is what the invariants read after each step.
+"""
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -10,6 +17,7 @@ from sidestep._circuit import State
 from sidestep._classify import RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._sqlite import SqliteStore
 from sidestep._store import MemoryStore, Ticket
 
 ORIGIN = "https://api.example:443"
@@ -33,7 +41,7 @@ class ProbeSlots(RuleBasedStateMachine):
             failure_threshold=2, cooldown=5, max_cooldown=20, half_open_probes=2
         )
         self.suspensions = Suspensions()
-        self.store = MemoryStore()
+        self.store = self.make_store()
         self.now = 0.0
         self.open_tickets: list[Ticket] = []
 
@@ -45,6 +53,9 @@ class ProbeSlots(RuleBasedStateMachine):
             body=f'{{"model": "{model}"}}'.encode(),
             fingerprint=self.store.fingerprint,
         )
+
+    def make_store(self) -> MemoryStore:
+        return MemoryStore()
 
     @rule(model=st.sampled_from(["m1", "m2"]))
     def admit(self, model: str) -> None:
@@ -95,5 +106,25 @@ class ProbeSlots(RuleBasedStateMachine):
                 assert circuit.retry_at < float("inf")
 
 
+class SqliteProbeSlots(ProbeSlots):
+    """The same, with every step a transaction on a fresh SQLite file."""
+
+    def make_store(self) -> MemoryStore:
+        self.dir = tempfile.TemporaryDirectory()
+        store = SqliteStore(Path(self.dir.name) / "state.db")
+        store._caller_clock = True
+        return store
+
+    def teardown(self) -> None:
+        assert isinstance(self.store, SqliteStore)
+        assert self.store.fallbacks == 0
+        self.store.close()
+        self.dir.cleanup()
+
+
 ProbeSlots.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_probe_slots = ProbeSlots.TestCase
+SqliteProbeSlots.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None
+)
+test_probe_slots_on_sqlite = SqliteProbeSlots.TestCase

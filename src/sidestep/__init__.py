@@ -14,6 +14,7 @@ from ._errors import (
     InvalidUpstreamBody,
     SidestepError,
 )
+from ._sqlite import SqliteStore
 from ._store import MemoryStore, StateStore
 from ._transport import AsyncFailoverTransport, FailoverTransport, Suspension
 
@@ -35,6 +36,7 @@ __all__ = [
     "InvalidUpstreamBody",
     "MemoryStore",
     "SidestepError",
+    "SqliteStore",
     "StateStore",
     "Suspension",
     "__version__",

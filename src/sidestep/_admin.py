@@ -49,9 +49,11 @@ class Token:
     def __post_init__(self) -> None:
         if not self.name or not self.name.isprintable() or self.name != self.name.strip():
             raise ValueError("a token's name must be non-empty and printable")
-        if not self.secret or any(ch.isspace() or not ch.isprintable() for ch in self.secret):
+        # ASCII: servers read a header as latin-1, so a client's UTF-8 would never match
+        secret = self.secret
+        if not secret or not secret.isascii() or not secret.isprintable() or " " in secret:
             raise ValueError(
-                f"token {self.name!r}: the secret must be non-empty, printable, no spaces"
+                f"token {self.name!r}: the secret must be non-empty printable ASCII, no spaces"
             )
 
 
@@ -80,12 +82,14 @@ def tokens_of(
 
 @dataclass(frozen=True)
 class ListRows:
-    """Effect: the store's rows, the configured routes, and the store's clock reading."""
+    """Effect: the store's rows, the configured routes, and the store's clock reading
+    (None when the store did not answer)."""
 
 
 @dataclass(frozen=True)
 class ClearRow:
-    """Effect: clear `scope_id`; the row as it was (or None) and the store's clock reading."""
+    """Effect: clear `scope_id`; the row as it was (or None) and the store's clock reading
+    (None when the store did not answer)."""
 
     scope_id: str
     who: str  # the token's name and the peer: the audit record's
@@ -118,13 +122,19 @@ def handle(
     if path in ("", "/"):
         if method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
-        rows, routes, now = yield ListRows()
+        listed = yield ListRows()
+        if listed is None:
+            return _unavailable()
+        rows, routes, now = listed
         return _page(rows, routes, now, base, who)
     if path == "/suspensions":
         if method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
         filters = {k: v for k, v in parse_qsl(query) if k in _FILTERS}
-        rows, routes, now = yield ListRows()
+        listed = yield ListRows()
+        if listed is None:
+            return _unavailable()
+        rows, routes, now = listed
         shown = [as_json(row, now, time.time()) for row in rows if matches(row, filters)]
         return _json(200, {"routes": routes, "suspensions": shown})
     if path.startswith("/suspensions/") and "/" not in path[len("/suspensions/") :]:
@@ -132,7 +142,10 @@ def handle(
             return _not_allowed("DELETE")
         if not who.may_clear:
             return _json(403, {"error": "forbidden"})
-        row, now = yield ClearRow(path[len("/suspensions/") :], f"{who.name}@{peer}")
+        cleared = yield ClearRow(path[len("/suspensions/") :], f"{who.name}@{peer}")
+        if cleared is None:
+            return _unavailable()
+        row, now = cleared
         if row is None:
             return _json(404, {"error": "not_found"})
         return _json(200, as_json(row, now, time.time()))
@@ -181,6 +194,11 @@ def _unauthorised(path: str) -> Answer:
     # browser's own login prompt (Basic, the token as the password)
     challenge = 'Basic realm="sidestep", charset="UTF-8"' if path in ("", "/") else "Bearer"
     return _json(401, {"error": "unauthorized"}, [("www-authenticate", challenge)])
+
+
+def _unavailable() -> Answer:
+    # the shared store is down: what it holds is unknown, so neither "none" nor "not found"
+    return _json(503, {"error": "store_unavailable"}, [("retry-after", "1")])
 
 
 def _not_allowed(allowed: str) -> Answer:

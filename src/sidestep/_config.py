@@ -614,10 +614,21 @@ _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
 _QUOTED = re.compile(r"'([^']*)'")
 
 
+# A configuration is a few hundred values; aliases (`*name`) share one node between
+# places, so a small document can stand for billions of values ("billion laughs").
+_MAX_VALUES = 100_000
+
+
 def _parse_yaml(text: str, source: str) -> object:
     loader = _UniqueKeyLoader(text)
     try:
-        return loader.get_single_data()
+        data = loader.get_single_data()
+        if _expanded_size(data, {}) > _MAX_VALUES:
+            raise ConfigError(
+                f"{source}: the document stands for more than {_MAX_VALUES:,} values"
+                " once its aliases are expanded"
+            )
+        return data
     except yaml.MarkedYAMLError as exc:
         # never str(exc): it quotes the offending line, which may hold a secret
         mark = exc.problem_mark or exc.context_mark
@@ -628,6 +639,18 @@ def _parse_yaml(text: str, source: str) -> object:
         raise ConfigError(f"{source}: invalid YAML (an unacceptable character)") from None
     finally:
         loader.dispose()
+
+
+def _expanded_size(node: object, sizes: dict[int, int]) -> int:
+    """How many values `node` holds once every alias is expanded; each shared node counted once."""
+    if not isinstance(node, (dict, list)):
+        return 1
+    known = sizes.get(id(node))
+    if known is None:
+        sizes[id(node)] = _MAX_VALUES + 1  # a node reached again while being counted: a cycle
+        items = node.values() if isinstance(node, dict) else node
+        known = sizes[id(node)] = 1 + sum(_expanded_size(item, sizes) for item in items)
+    return known
 
 
 def _mask_quoted(match: re.Match[str]) -> str:

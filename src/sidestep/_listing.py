@@ -22,7 +22,7 @@ from ._routes import Router
 from ._store import ScopeStatus, StateStore
 from .logging import emit
 
-__all__ = ["Listing", "Suspension", "as_json", "matches", "suspensions"]
+__all__ = ["Listing", "StoreUnavailable", "Suspension", "as_json", "matches", "suspensions"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +111,17 @@ def as_json(row: Suspension, now: float, wall: float) -> dict[str, Any]:
     }
 
 
+class StoreUnavailable(Exception):
+    """The shared store did not answer: what it would list is unknown (not "nothing")."""
+
+
 class Listing:
-    """One store read through one configuration's routes: list and clear, sync or async."""
+    """One store read through one configuration's routes: list and clear, sync or async.
+
+    Listing and clearing raise `StoreUnavailable` when a shared store did not
+    answer (and served from its local fallback): an empty list would say every
+    target is healthy, and a clear would find nothing to clear.
+    """
 
     def __init__(
         self, store: StateStore, router: Router, clock: Callable[[], float] = time.monotonic
@@ -129,10 +138,13 @@ class Listing:
         }
 
     def suspensions(self) -> list[Suspension]:
-        return suspensions(self.store.snapshot(self.clock()), self.router, self.store)
+        snapshot = self.store.snapshot(self.clock())
+        self._answered()
+        return suspensions(snapshot, self.router, self.store)
 
     async def asuspensions(self) -> list[Suspension]:
         snapshot = await self.store.snapshot_async(self.clock())
+        self._answered()
         return suspensions(snapshot, self.router, self.store)
 
     def clear(self, scope_id: str, who: str) -> Suspension | None:
@@ -142,13 +154,24 @@ class Listing:
         ``suspension.cleared`` event, the audit record.
         """
         row = _find(self.suspensions(), scope_id)
-        return _cleared(row, who) if row is not None and self.store.clear(scope_id) else None
+        if row is None:
+            return None
+        done = self.store.clear(scope_id)
+        self._answered()
+        return _cleared(row, who) if done else None
 
     async def aclear(self, scope_id: str, who: str) -> Suspension | None:
         row = _find(await self.asuspensions(), scope_id)
-        if row is not None and await self.store.clear_async(scope_id):
-            return _cleared(row, who)
-        return None
+        if row is None:
+            return None
+        done = await self.store.clear_async(scope_id)
+        self._answered()
+        return _cleared(row, who) if done else None
+
+    def _answered(self) -> None:
+        # a shared store that is away serves from its local stand-in (and says so)
+        if not getattr(self.store, "available", True):
+            raise StoreUnavailable
 
 
 def _cleared(row: Suspension, who: str) -> Suspension:

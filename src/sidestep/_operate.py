@@ -19,6 +19,7 @@ import time
 import warnings
 from collections import ChainMap
 from typing import Any, TextIO
+from urllib.parse import quote
 
 from ._config import (
     Config,
@@ -31,7 +32,7 @@ from ._config import (
 )
 from ._doctor import WARN, Finding, diagnose, unset_variables
 from ._errors import ConfigError
-from ._listing import Listing, as_json, matches
+from ._listing import Listing, StoreUnavailable, as_json, matches
 from ._routes import Router
 from ._store_config import build_store
 
@@ -145,9 +146,8 @@ def operate(args: argparse.Namespace, out: TextIO | None = None) -> int:
             now, wall = view.clock(), time.time()
             shown = [as_json(r, now, wall) for r in rows if matches(r, filters)]
             payload = {"routes": view.routes(), "suspensions": shown}
-        if getattr(store, "fallbacks", 0):
-            where = repr(store)
-            return _fail(name, f"the store did not answer ({where}): nothing to show", _FAILED)
+    except StoreUnavailable:
+        return _fail(name, f"the store did not answer ({store!r}): nothing to show", _FAILED)
     finally:
         close = getattr(store, "close", None)
         if close is not None:
@@ -160,20 +160,23 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
 
     if not args.token_env:
         return _fail(name, "--admin-url needs --token-env VAR (the variable holding the token)", 2)
-    token = os.environ.get(args.token_env)
+    token = os.environ.get(args.token_env, "").strip()
     if not token:
         return _fail(name, f"environment variable {args.token_env!r} is not set", _USAGE)
+    if not token.isascii() or not token.isprintable() or " " in token:
+        # a header cannot carry it; the message never quotes it
+        return _fail(name, f"environment variable {args.token_env!r} holds no usable token", _USAGE)
     base = args.admin_url.rstrip("/")
     headers = {"authorization": f"Bearer {token}"}
+    payload: Any = None
     try:
         with httpx.Client(headers=headers, timeout=10.0) as client:
             if args.command == "clear":
-                response = client.delete(f"{base}/suspensions/{args.scope_id}")
-                if response.status_code == 404:
-                    payload: dict[str, Any] = {"cleared": None}
-                else:
-                    response.raise_for_status()
-                    payload = {"cleared": response.json()}
+                response = client.delete(f"{base}/suspensions/{quote(args.scope_id, safe='')}")
+                if response.status_code == 404 and _not_found(response):
+                    return _show(args, {"cleared": None}, out)
+                response.raise_for_status()
+                payload = {"cleared": response.json()}
             else:
                 params = {k: v for k in ("route", "target", "reason") if (v := getattr(args, k))}
                 response = client.get(f"{base}/suspensions", params=params)
@@ -181,10 +184,32 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
                 payload = response.json()
     except httpx.HTTPStatusError as exc:
         return _fail(name, f"the admin app answered {exc.response.status_code}", _FAILED)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         # the exception's message may quote the URL; its kind is enough
         return _fail(name, f"cannot reach the admin app ({type(exc).__name__})", _FAILED)
+    except ValueError:  # the answer is not JSON
+        pass
+    if not _admin_answer(payload):
+        return _fail(name, "the URL answered, but not as sidestep's admin app", _FAILED)
     return _show(args, payload, out)
+
+
+def _not_found(response: Any) -> bool:
+    """Whether a 404 is the admin app's "no such scope" (not a wrong URL's 404)."""
+    try:
+        return bool(response.json() == {"error": "not_found"})
+    except ValueError:
+        return False
+
+
+def _admin_answer(payload: Any) -> bool:
+    """Whether `payload` is what the admin app answers: rows (or a cleared row) to show."""
+    if not isinstance(payload, dict):
+        return False
+    rows = [payload["cleared"]] if "cleared" in payload else payload.get("suspensions")
+    return isinstance(rows, list) and all(
+        isinstance(row, dict) and set(_COLUMNS) <= row.keys() for row in rows
+    )
 
 
 def _show(args: argparse.Namespace, payload: dict[str, Any], out: TextIO) -> int:
@@ -192,8 +217,9 @@ def _show(args: argparse.Namespace, payload: dict[str, Any], out: TextIO) -> int
         row = payload["cleared"]
         if row is None:
             return _fail("sidestep clear", "no suspension has that scope_id", _FAILED)
+        where = f"route {row['route']}, " if row["route"] is not None else "no route, "
         print(
-            f"cleared {row['scope_id']}: route {row['route']}, target {row['target']},"
+            f"cleared {row['scope_id']}: {where}target {row['target']},"
             f" {row['scope']} scope, was {row['state']} ({row['reason']})",
             file=out,
         )
@@ -281,6 +307,22 @@ def _load_leniently(path: str) -> tuple[Config, list[str], list[str]]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of settings")
     unset = unset_variables(data)
+    try:
+        config, warned = _validated(data, unset, path)
+    except ConfigError as invalid:
+        if not unset:
+            raise
+        # A number, duration or switch that is one unset variable: no placeholder string
+        # passes for it, so it is left out and its default stands in.
+        try:
+            config, warned = _validated(_without_lone(data, set(unset)), unset, path)
+        except ConfigError:
+            raise invalid from None
+    return config, unset, warned
+
+
+def _validated(data: dict[str, Any], unset: list[str], path: str) -> tuple[Config, list[str]]:
+    """The configuration with placeholders for the unset variables; its own warnings."""
     data = _url_placeholders(data, set(unset), in_store=False)
     environ = ChainMap(dict.fromkeys(unset, "unset-placeholder"), dict(os.environ))
     try:
@@ -290,7 +332,26 @@ def _load_leniently(path: str) -> tuple[Config, list[str], list[str]]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SidestepConfigWarning)
         config = _validate(data, path)
-    return config, unset, [str(w.message) for w in caught]
+    return config, [str(w.message) for w in caught]
+
+
+def _without_lone(node: Any, unset: set[str]) -> Any:
+    """`node` without the settings and list items whose whole value is one unset ``${VAR}``
+    (bar names, URLs, headers and JSON fields, for which a placeholder string serves)."""
+    if isinstance(node, list):
+        return [_without_lone(v, unset) for v in node if not _lone(v, unset)]
+    if not isinstance(node, dict):
+        return node
+    return {
+        key: value if key in ("headers", "json") else _without_lone(value, unset)
+        for key, value in node.items()
+        if key in ("name", "url") or not _lone(value, unset)
+    }
+
+
+def _lone(value: Any, unset: set[str]) -> bool:
+    ref = re.fullmatch(r"\$\{(\w+)\}", value) if isinstance(value, str) else None
+    return ref is not None and ref[1] in unset
 
 
 def _url_placeholders(node: Any, unset: set[str], *, in_store: bool) -> Any:

@@ -20,6 +20,10 @@ is part of a key's name):
   as its lease: if it reaches the server after the ``drop`` that gave it up,
   it changes nothing.
 
+Each time an origin gains a scope or loses one, the script publishes
+``<origin hash> <1 if it has any left, else 0> <sequence>`` on the channel
+``P:m``: every process's mirror (`_redis_mirror`) follows it.
+
 Key names are built inside the script from ``ARGV``, so it needs a single
 Redis (or a primary with replicas), not Redis Cluster; ``ZRANGE … BYSCORE``
 needs Redis 6.2 or later.
@@ -146,6 +150,15 @@ local function place(sid, oh, life)
     retime(z)
   end
 end
+local function unhealthy(oh)
+  if redis.call('ZCOUNT', okey(oh), int(real), '+inf') > 0 then return 1 end
+  return 0
+end
+-- Every process's mirror learns that an origin's scopes changed: whether it has
+-- any left, and a step of the sequence that orders the news.
+local function announce(oh)
+  redis.call('PUBLISH', P .. ':m', oh .. ' ' .. unhealthy(oh) .. ' ' .. int(bump()))
+end
 local function forget(sid, oh)
   redis.call('DEL', skey(sid))
   for _, z in ipairs({IDX, okey(oh)}) do
@@ -155,6 +168,7 @@ local function forget(sid, oh)
   local s = int(seq())
   redis.call('SET', SEQ, s, 'PX', int(TTL))
   redis.call('SET', fkey(oh), s, 'PX', int(TTL))
+  announce(oh)
 end
 local function make_room()  -- past the cap, the scope closest to expiring goes
   redis.call('ZREMRANGEBYSCORE', IDX, '-inf', '(' .. int(real))
@@ -164,11 +178,6 @@ local function make_room()  -- past the cap, the scope closest to expiring goes
   local oh = redis.call('HGET', skey(victim), 'oh')
   if oh then forget(victim, oh) else redis.call('ZREM', IDX, victim) end
 end
-local function unhealthy(oh)
-  if redis.call('ZCOUNT', okey(oh), int(real), '+inf') > 0 then return 1 end
-  return 0
-end
-
 -- the state machine (_circuit.py) ----------------------------------------------------------
 local RATE, KIND, REASON, RETRY_AFTER, SLOW, UNAVAILABLE
 local THRESHOLD, COOLDOWN, MAX_COOLDOWN, MULTIPLIER, INITIAL, MAXIMUM
@@ -338,6 +347,7 @@ local function put(key, oh, before, after)
   end
   save(key.sid, after)
   place(key.sid, oh, lifetime(after))
+  if not before then announce(oh) end
 end
 
 local function apply(i, key, oh, ticket_seq)
@@ -444,6 +454,19 @@ if op == 'drop' then
     end
   end
   return 1
+end
+
+-- What a mirror starts from: the origins with unhealthy scopes, and the sequence.
+if op == 'origins' then
+  local seen, out = {}, {}
+  for _, sid in ipairs(redis.call('ZRANGE', IDX, int(real), '+inf', 'BYSCORE')) do
+    local oh = redis.call('HGET', skey(sid), 'oh')
+    if oh and not seen[oh] then
+      seen[oh] = true
+      out[#out + 1] = oh
+    end
+  end
+  return {seq(), out}
 end
 
 if op == 'count' then

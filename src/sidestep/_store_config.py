@@ -1,6 +1,7 @@
 """The `store:` section of the configuration, and the store it builds.
 
-``store: {memory: {...}}`` (the default) or ``store: {redis: {...}}``: one key,
+``store: {memory: {...}}`` (the default), ``store: {sqlite: {...}}`` or
+``store: {redis: {...}}``: one key,
 naming the kind of store, whose mapping holds that store's options. Each kind
 is one model here and one builder in `_BUILDERS`; a new kind is one field on
 `StoreSettings`, its model and its builder. Redis is imported only when a
@@ -18,14 +19,22 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 if TYPE_CHECKING:
     from ._store import StateStore
 
-__all__ = ["MemoryStoreSettings", "RedisStoreSettings", "StoreSettings", "build_store"]
+__all__ = [
+    "MemoryStoreSettings",
+    "RedisStoreSettings",
+    "SqliteStoreSettings",
+    "StoreSettings",
+    "build_store",
+]
 
-# The defaults of `MemoryStore` and `RedisStore`; tests/test_store_config.py checks
-# they are the classes' own (importing `_redis` here would need the redis extra).
+# The defaults of `MemoryStore`, `SqliteStore` and `RedisStore`; tests/test_store_config.py
+# checks they are the classes' own (importing `_redis` here would need the redis extra).
 _MAX_SCOPES = 10_000
 _REDIS_TIMEOUT = 0.25
 _REDIS_TTL = 3600.0
 _REDIS_RETRY_INTERVAL = 1.0
+_SQLITE_TIMEOUT = 0.1
+_SQLITE_REFRESH = 0.01
 
 
 def _duration(value: object) -> object:
@@ -82,6 +91,19 @@ class MemoryStoreSettings(_Model):
     max_scopes: _Count = _MAX_SCOPES
 
 
+class SqliteStoreSettings(_Model):
+    """`SqliteStore`: circuits shared by every process on this host through one file."""
+
+    path: Annotated[str, Field(min_length=1)]
+    fingerprint_key: Annotated[str, Field(min_length=1)] | None = Field(None, repr=False)
+    probe_lease: _PositiveDuration | None = None
+    timeout: _PositiveDuration = _SQLITE_TIMEOUT
+    refresh: _NonNegativeDuration = _SQLITE_REFRESH
+    ttl: _NonNegativeDuration = _REDIS_TTL
+    max_scopes: _Count = _MAX_SCOPES
+    retry_interval: _NonNegativeDuration = _REDIS_RETRY_INTERVAL
+
+
 class RedisStoreSettings(_Model):
     """`RedisStore`: circuits shared by every process and host on one Redis.
 
@@ -96,6 +118,7 @@ class RedisStoreSettings(_Model):
     ttl: _PositiveDuration = _REDIS_TTL
     max_scopes: _Count = _MAX_SCOPES
     retry_interval: _NonNegativeDuration = _REDIS_RETRY_INTERVAL
+    mirror: bool = True
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for key, value in super().__repr_args__():
@@ -106,6 +129,7 @@ class StoreSettings(_Model):
     """Where circuit state lives: exactly one kind of store (memory when none is named)."""
 
     memory: MemoryStoreSettings | None = None
+    sqlite: SqliteStoreSettings | None = None
     redis: RedisStoreSettings | None = None
 
     @model_validator(mode="after")
@@ -117,7 +141,7 @@ class StoreSettings(_Model):
 
     @property
     def kind(self) -> str:
-        """``"memory"``, ``"redis"``: the kind of store configured."""
+        """``"memory"``, ``"sqlite"``, ``"redis"``: the kind of store configured."""
         return next((kind for kind in _BUILDERS if getattr(self, kind) is not None), "memory")
 
     @property
@@ -148,6 +172,12 @@ def _memory(options: Any) -> StateStore:
     return MemoryStore(max_scopes=options.max_scopes)
 
 
+def _sqlite(options: Any) -> StateStore:
+    from ._sqlite import SqliteStore
+
+    return SqliteStore(**options.model_dump())
+
+
 def _redis(options: Any) -> StateStore:
     try:
         from ._redis import RedisStore
@@ -161,4 +191,8 @@ def _redis(options: Any) -> StateStore:
 
 
 # The kinds of store, in the order `StoreSettings` declares them.
-_BUILDERS: dict[str, Callable[[Any], StateStore]] = {"memory": _memory, "redis": _redis}
+_BUILDERS: dict[str, Callable[[Any], StateStore]] = {
+    "memory": _memory,
+    "sqlite": _sqlite,
+    "redis": _redis,
+}

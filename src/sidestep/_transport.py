@@ -19,7 +19,7 @@ from ._attempts import Core
 from ._config import Config
 from ._effects import Call, Clock, Close, Read, Send, Sleep
 from ._flavour import Flavour, is_proxy
-from ._listing import Listing, Suspension, suspensions
+from ._listing import Listing, StoreUnavailable, Suspension, suspensions
 from ._store import ScopeStatus, StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
@@ -87,12 +87,16 @@ class _Shell:
         return suspensions(snapshot, self._core.router, self._core.store)
 
     def clear(self, scope_id: str) -> bool:
-        """Close one scope by hand; whether it was unhealthy.
+        """Close one scope by hand; whether it was unhealthy and is cleared now.
 
         Emits ``suspension.cleared`` (``who="application"``), as the admin app
         and the command line do, so the audit trail and the metrics see it.
+        False as well when a shared store did not answer: nothing is known cleared.
         """
-        return self._listing().clear(scope_id, "application") is not None
+        try:
+            return self._listing().clear(scope_id, "application") is not None
+        except StoreUnavailable:
+            return False
 
     def _listing(self) -> Listing:
         return Listing(self._core.store, self._core.router, self._core.clock)
@@ -235,7 +239,10 @@ class _AsyncShell(_Shell):
 
     async def aclear(self, scope_id: str) -> bool:
         """`clear()` without blocking the event loop on a shared store."""
-        return await self._listing().aclear(scope_id, "application") is not None
+        try:
+            return await self._listing().aclear(scope_id, "application") is not None
+        except StoreUnavailable:
+            return False
 
     async def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._admin import Answer, ListRows, Token, handle, tokens_of
 from ._config import Config, as_config
-from ._listing import Listing
+from ._listing import Listing, StoreUnavailable
 from ._routes import Router
 from ._transport import _Shell
 
@@ -100,11 +100,14 @@ def app(
         try:
             while True:
                 effect = steps.send(reply)
-                if isinstance(effect, ListRows):
-                    rows = await view.asuspensions()
-                    reply = (rows, view.routes(), view.clock())
-                else:
-                    reply = (await view.aclear(effect.scope_id, effect.who), view.clock())
+                try:
+                    if isinstance(effect, ListRows):
+                        rows = await view.asuspensions()
+                        reply = (rows, view.routes(), view.clock())
+                    else:
+                        reply = (await view.aclear(effect.scope_id, effect.who), view.clock())
+                except StoreUnavailable:
+                    reply = None
         except StopIteration as done:
             answer: Answer = done.value
         response = Response(answer.body, answer.status)
@@ -151,10 +154,13 @@ def wsgi_app(
         try:
             while True:
                 effect = steps.send(reply)
-                if isinstance(effect, ListRows):
-                    reply = (view.suspensions(), view.routes(), view.clock())
-                else:
-                    reply = (view.clear(effect.scope_id, effect.who), view.clock())
+                try:
+                    if isinstance(effect, ListRows):
+                        reply = (view.suspensions(), view.routes(), view.clock())
+                    else:
+                        reply = (view.clear(effect.scope_id, effect.who), view.clock())
+                except StoreUnavailable:
+                    reply = None
         except StopIteration as done:
             answer: Answer = done.value
         start_response(f"{answer.status} {_REASONS[answer.status]}", answer.headers)
@@ -169,4 +175,5 @@ _REASONS = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    503: "Service Unavailable",
 }

@@ -1,0 +1,196 @@
+"""A process's mirror of which origins have unhealthy scopes in Redis, kept by pub/sub.
+
+Every change to an origin's set of scopes is published by the script (see
+`_redis_scripts`): ``<origin hash> <1|0> <sequence>``. A listener thread
+subscribes, then reads the origins that have unhealthy scopes (a snapshot),
+then applies each message newer than what it knows. While the mirror is
+live, a request to an origin it holds healthy is admitted without a round
+trip, and its success needs none either.
+
+The mirror is never trusted stale: until the snapshot is read, and from
+the moment the subscription is found lost (the connection breaks, or a
+ping goes unanswered for ``heartbeat`` seconds) until it is read again,
+the mirror is not live and every admission asks Redis as before. What the
+store itself learns from a reply counts at once: an origin a reply shows
+unhealthy is marked so before the caller sees the reply.
+
+The thread is a daemon, started by the first admission (so building a
+store does no I/O), started again in a forked child, and stopped by
+`RedisStore.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import redis
+
+from ._redis_calls import origin_hash
+
+__all__ = ["Mirror"]
+
+DEFAULT_HEARTBEAT = 1.0
+# However short the store's retry_interval, a listener that lost Redis does not spin.
+_MIN_RETRY = 0.05
+
+
+class Mirror:
+    """Origins with unhealthy scopes under one prefix, as this process knows them.
+
+    Args:
+        client: the sync client (its connection pool gives the subscription
+            its own connection).
+        channel: the channel the script publishes on.
+        snapshot: reads ``(sequence, [origin hash, ...])`` from Redis.
+        retry_interval: how long to wait before subscribing again after a loss.
+        heartbeat: how often an idle subscription is pinged; a ping unanswered
+            for as long counts as a lost subscription.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        channel: str,
+        snapshot: Any,
+        *,
+        retry_interval: float,
+        heartbeat: float = DEFAULT_HEARTBEAT,
+    ) -> None:
+        self.live = False  # read on the healthy path without a lock: a plain flag
+        self.seq = 0  # the latest step of the sequence this mirror has applied
+        self._sick: set[str] = set()
+        self._client = client
+        self._channel = channel
+        self._snapshot = snapshot
+        self._retry_interval = retry_interval
+        self._heartbeat = heartbeat
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+        self.losses = 0  # subscriptions found lost (a test's and an operator's view)
+        _mirrors.add(self)
+
+    def __repr__(self) -> str:
+        return f"Mirror(live={self.live}, unhealthy={len(self._sick)})"
+
+    # -- the healthy path --------------------------------------------------------------------
+
+    def healthy(self, origin: str) -> bool:
+        """May a request to `origin` be admitted without asking Redis?"""
+        if self._thread is None:
+            self.start()
+            return False
+        return self.live and origin_hash(origin) not in self._sick
+
+    # -- what replies tell -----------------------------------------------------------------------
+
+    def saw(self, origin: str, unhealthy: bool, seq: int | None = None) -> None:
+        """A reply showed `origin` (un)healthy. Unhealthy counts at once; healthy only
+        from a reply no older than the news applied already (`seq`)."""
+        oh = origin_hash(origin)
+        with self._lock:
+            if unhealthy:
+                self._sick.add(oh)
+            elif seq is not None and seq >= self.seq:
+                self._sick.discard(oh)
+
+    # -- the listener -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        with self._lock:
+            if self._thread is not None and self._pid == os.getpid():
+                return
+            self._stop.clear()
+            self._pid = os.getpid()
+            self._thread = threading.Thread(
+                target=self._listen, name="sidestep-redis-mirror", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Stop the listener (the next admission starts it again)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        self.live = False
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(self._heartbeat + 1.0)
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+            try:
+                # Whatever broke it, the subscription is lost: subscribe again after
+                # the interval, with a new snapshot.
+                with contextlib.suppress(Exception):
+                    self._follow(pubsub)
+            finally:
+                if self.live:
+                    self.losses += 1
+                self.live = False
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+            self._stop.wait(max(self._retry_interval, _MIN_RETRY))
+
+    def _follow(self, pubsub: Any) -> None:
+        """Subscribe, read the snapshot, then apply the news until the subscription is lost."""
+        pubsub.subscribe(self._channel)
+        deadline = time.monotonic() + self._heartbeat
+        while True:  # the subscription is confirmed before the snapshot is read
+            message = pubsub.get_message(timeout=self._heartbeat)
+            if message is not None and message["type"] == "subscribe":
+                break
+            if time.monotonic() > deadline:
+                raise redis.TimeoutError("no subscription")
+        seq, origins = self._snapshot()
+        with self._lock:
+            self._sick = set(origins)
+            self.seq = int(seq)
+            self.live = True
+        pinged = answered = time.monotonic()
+        while not self._stop.is_set():
+            message = pubsub.get_message(timeout=self._heartbeat / 4)
+            now = time.monotonic()
+            if message is not None:
+                answered = now
+                if message["type"] == "message":
+                    self._apply(message["data"])
+            if now - answered > self._heartbeat:
+                if pinged <= answered:
+                    pubsub.ping()
+                    pinged = now
+                elif now - pinged > self._heartbeat:
+                    raise redis.TimeoutError("the subscription stopped answering")
+
+    def _apply(self, data: str) -> None:
+        oh, unhealthy, seq_text = data.split(" ")
+        seq = int(seq_text)
+        with self._lock:
+            if unhealthy == "1":
+                self._sick.add(oh)
+            elif seq > self.seq:  # not older than the snapshot, nor than a reply's news
+                self._sick.discard(oh)
+            self.seq = max(self.seq, seq)
+
+    def forked(self) -> None:
+        """In a forked child the parent's listener does not exist: start afresh on demand."""
+        self._thread = None
+        self.live = False
+        self._lock = threading.Lock()
+
+
+_mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
+
+
+def _after_fork() -> None:
+    for mirror in list(_mirrors):
+        mirror.forked()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX only: elsewhere nothing forks
+    os.register_at_fork(after_in_child=_after_fork)

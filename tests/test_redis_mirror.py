@@ -1,0 +1,184 @@
+"""RedisStore's mirror against a real Redis: no round trip on the healthy path, news within
+100 ms, and never a stale "healthy" when the subscription is lost."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from redis_server import DelayProxy, RedisServer, fresh_prefix
+from sidestep._classify import Kind, Verdict
+from sidestep._config import BreakerPolicy, Suspensions
+from sidestep._redis import RedisStore
+from sidestep._redis_calls import origin_hash
+from sidestep._scopes import ScopeFacts, ScopeKind
+from upstream import wait_for
+
+ORIGIN = "https://api.example:443"
+OK = Verdict(Kind.SUCCESS, None, None, failover=False)
+FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+P = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
+
+
+def facts(store: RedisStore, model: str = "m") -> ScopeFacts:
+    return ScopeFacts(
+        ORIGIN,
+        headers={"authorization": "Bearer k"},
+        userinfo="",
+        body=f'{{"model": "{model}"}}'.encode(),
+        fingerprint=store.fingerprint,
+    )
+
+
+def open_scope(store: RedisStore) -> None:
+    for _ in range(2):
+        ticket = store.admit(facts(store), P, 0).ticket
+        assert ticket is not None
+        store.record(ticket, FAIL, P, Suspensions(), 0)
+
+
+def live(store: RedisStore) -> RedisStore:
+    """`store` once its mirror follows the channel (the first admission starts it)."""
+    assert store._mirror is not None
+    store.admit(facts(store, "warm-up"), P, 0)
+    wait_for(lambda: store._mirror is not None and store._mirror.live)
+    return store
+
+
+def counting(store: RedisStore) -> list[str]:
+    """The script calls `store` makes from now on, by operation."""
+    calls: list[str] = []
+    script = store._script
+
+    def count(*args: Any, **kw: Any) -> Any:
+        calls.append(kw["args"][0])
+        return script(*args, **kw)
+
+    store._script = count  # type: ignore[assignment]
+    return calls
+
+
+@pytest.fixture
+def pair(redis_url: str) -> Iterator[tuple[RedisStore, RedisStore]]:
+    """Two stores on one prefix, as two processes would have, each with its mirror live."""
+    prefix = fresh_prefix()
+    one = live(RedisStore(redis_url, prefix=prefix, fingerprint_key="k", retry_interval=0.05))
+    two = live(RedisStore(redis_url, prefix=prefix, fingerprint_key="k", retry_interval=0.05))
+    yield one, two
+    one.close()
+    two.close()
+
+
+def test_a_healthy_origin_costs_no_round_trip_once_the_mirror_is_live(
+    pair: tuple[RedisStore, RedisStore],
+) -> None:
+    """With the mirror live, 200 admissions and successes on a healthy origin make no script call; an unhealthy origin still asks Redis."""
+    store, _ = pair
+    calls = counting(store)
+    for _ in range(200):
+        ticket = store.admit(facts(store), P, 0).ticket
+        assert ticket is not None and ticket.generations is None
+        assert store.record(ticket, OK, P, Suspensions(), 0) == ()
+    assert calls == []
+    open_scope(store)
+    assert store.admit(facts(store), P, 0).ticket is None
+    assert calls[-1] == "admit"
+    assert store.fallbacks == 0
+
+
+def test_a_transition_reaches_another_mirror_within_100ms(
+    pair: tuple[RedisStore, RedisStore],
+) -> None:
+    """A scope opened through one store is known to the other store's mirror within 100 ms, which then asks Redis and is refused."""
+    one, two = pair
+    assert two._mirror is not None and two._mirror.healthy(ORIGIN)
+    ticket = one.admit(facts(one), P, 0).ticket
+    assert ticket is not None
+    start = time.monotonic()
+    one.record(ticket, FAIL, P, Suspensions(), 0)  # the origin gains a scope: news
+    wait_for(lambda: not two._mirror.healthy(ORIGIN), timeout=1)  # type: ignore[union-attr]
+    assert time.monotonic() - start < 0.1
+    again = one.admit(facts(one), P, 0).ticket
+    assert again is not None
+    one.record(again, FAIL, P, Suspensions(), 0)  # the threshold: open
+    assert two.admit(facts(two), P, 0).ticket is None
+
+
+def test_a_lost_subscription_means_round_trips_until_a_snapshot_rebuilt_the_mirror(
+    pair: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    """Its subscription killed, a mirror stops vouching at once; what changed meanwhile comes back with the snapshot when it subscribes again."""
+    one, two = pair
+    mirror = two._mirror
+    assert mirror is not None
+    calls = counting(two)
+    with redis_server.client() as admin:
+        admin.client_kill_filter(_type="pubsub")
+    wait_for(lambda: not mirror.live)
+    assert mirror.losses >= 1
+    open_scope(one)  # news that `two` never receives
+    wait_for(lambda: mirror.live)  # subscribed again, from a snapshot
+    assert origin_hash(ORIGIN) in mirror._sick
+    assert calls[0] == "origins"
+    assert two.admit(facts(two), P, 0).ticket is None
+
+
+def test_while_the_mirror_is_not_live_every_admission_asks_redis(
+    pair: tuple[RedisStore, RedisStore], redis_server: RedisServer
+) -> None:
+    """Between the loss and the new snapshot the store falls back to a round trip per admission: never a stale healthy."""
+    one, two = pair
+    mirror = two._mirror
+    assert mirror is not None
+    mirror._retry_interval = 3600.0  # it stays lost for the test
+    with redis_server.client() as admin:
+        admin.client_kill_filter(_type="pubsub")
+    wait_for(lambda: not mirror.live)
+    calls = counting(two)
+    ticket = two.admit(facts(two), P, 0).ticket
+    assert ticket is not None
+    assert calls == ["admit"]
+    open_scope(one)
+    assert two.admit(facts(two), P, 0).ticket is None
+    mirror.stop()
+
+
+def test_a_silent_subscription_is_found_lost_by_its_heartbeat(redis_server: RedisServer) -> None:
+    """Replies held back for longer than the heartbeat: the mirror stops vouching, though the connection stays open."""
+    proxy = DelayProxy(redis_server)
+    store = RedisStore(proxy.url, prefix=fresh_prefix(), retry_interval=3600)
+    try:
+        assert store._mirror is not None
+        store._mirror._heartbeat = 0.2
+        live(store)
+        proxy.delay = 2.0
+        started = time.monotonic()
+        wait_for(lambda: store._mirror is not None and not store._mirror.live, timeout=3)
+        assert time.monotonic() - started < 1.0
+    finally:
+        proxy.delay = 0.0
+        store.close()
+        proxy.close()
+
+
+def test_close_stops_the_listener_and_the_mirror_is_optional(redis_url: str) -> None:
+    """close() stops the listener thread; with mirror=False no thread is ever started."""
+    store = live(RedisStore(redis_url, prefix=fresh_prefix()))
+    assert store._mirror is not None
+    thread = store._mirror._thread
+    assert thread is not None and thread.is_alive() and thread.daemon
+    store.close()
+    assert not thread.is_alive()
+    before = set(threading.enumerate())
+    plain = RedisStore(redis_url, prefix=fresh_prefix(), mirror=False)
+    for _ in range(3):
+        ticket = plain.admit(facts(plain), P, 0).ticket
+        assert ticket is not None
+        plain.record(ticket, OK, P, Suspensions(), 0)
+    assert plain._mirror is None
+    assert not {t for t in threading.enumerate() if t.name == "sidestep-redis-mirror"} - before
+    plain.close()

@@ -1,0 +1,253 @@
+"""`SqliteStore` on real files: sharing between stores, surviving a restart, failing open.
+
+The contract every store keeps runs in test_store.py, test_store_machine.py
+and test_store_processes.py; here is what only a file does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+
+from drivers import MakeDriver, route
+from sidestep._circuit import State
+from sidestep._classify import QUOTA_EXHAUSTED, RATE_LIMITED, Kind, Verdict
+from sidestep._config import BreakerPolicy, Suspensions
+from sidestep._failopen import LocalTicket
+from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._sqlite import SqliteStore
+from test_launcher import TESTS, environment
+from upstream import Respond, Upstream, wait_for
+
+ORIGIN = "https://api.example:443"
+OTHER = "https://other.example:443"
+OK = Verdict(Kind.SUCCESS, None, None, failover=False)
+FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+P = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
+SUSPENSIONS = Suspensions()
+SIX_HOURS = Suspensions(quota_exhausted={"initial": 21600, "max": 21600})
+
+
+def facts(store: SqliteStore, model: str = "m", origin: str = ORIGIN) -> ScopeFacts:
+    return ScopeFacts(
+        origin,
+        headers={"authorization": "Bearer k1"},
+        userinfo="",
+        body=f'{{"model": "{model}"}}'.encode(),
+        fingerprint=store.fingerprint,
+    )
+
+
+def open_scope(store: SqliteStore, now: float = 0.0) -> None:
+    for _ in range(2):
+        ticket = store.admit(facts(store), P, now).ticket
+        assert ticket is not None
+        store.record(ticket, FAIL, P, SUSPENSIONS, now)
+
+
+def test_what_one_store_opens_another_on_the_file_refuses(tmp_path: Path) -> None:
+    """Two stores on one file (as two processes would be) share circuits, generations and the credential fingerprint key kept in the file."""
+    one, two = SqliteStore(tmp_path / "s.db", refresh=0), SqliteStore(tmp_path / "s.db", refresh=0)
+    assert two.admit(facts(two), P, 0).ticket is not None  # healthy
+    open_scope(one)
+    admission = two.admit(facts(two), P, 1)
+    assert admission.ticket is None and admission.refusal is not None
+    assert admission.refusal.retry_at == pytest.approx(1 + 600, abs=1)  # on the caller's clock
+    assert [s.scope_id for s in two.snapshot(1)] == [s.scope_id for s in one.snapshot(1)]
+    assert two.clear(two.snapshot(1)[0].scope_id)
+    assert one.admit(facts(one), P, 2).ticket is not None  # cleared for both
+    assert one.fallbacks == two.fallbacks == 0
+
+
+def test_the_healthy_path_runs_no_statement_until_refresh_is_due(tmp_path: Path) -> None:
+    """On a healthy origin, 1000 admissions and successes within one refresh interval run no SQL at all; a change made elsewhere is seen at the next refresh."""
+    store = SqliteStore(tmp_path / "s.db", refresh=3600)
+    other = SqliteStore(tmp_path / "s.db")
+    assert store.admit(facts(store), P, 0).ticket is not None  # opens the file, reads it once
+    statements: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(statements.append)
+    for _ in range(1000):
+        ticket = store.admit(facts(store), P, 0).ticket
+        assert ticket is not None and ticket.generations is None
+        assert store.record(ticket, OK, P, SUSPENSIONS, 0) == ()
+    assert statements == []
+    open_scope(other)
+    assert store.admit(facts(store), P, 0).ticket is not None  # not looked yet: by design
+    store._next_poll = 0.0  # the refresh is due
+    assert store.admit(facts(store), P, 0).ticket is None
+    assert statements[0] == "PRAGMA data_version"
+
+
+def test_a_suspension_survives_a_restart_and_a_past_window_does_not(tmp_path: Path) -> None:
+    """A six-hour quota suspension is there for a store that opens the file later; a window that ended more than `ttl` before the file is opened is dropped on load."""
+    path = tmp_path / "s.db"
+    first = SqliteStore(path)
+    quota = Verdict(Kind.SUSPEND, QUOTA_EXHAUSTED, ScopeKind.CREDENTIAL, failover=True)
+    brief = Verdict(
+        Kind.SUSPEND, RATE_LIMITED, ScopeKind.CREDENTIAL_MODEL, failover=True, retry_after=0.05
+    )
+    for origin, verdict in ((ORIGIN, quota), (OTHER, brief)):
+        ticket = first.admit(facts(first, origin=origin), P, 0).ticket
+        assert ticket is not None
+        first.record(ticket, verdict, P, SIX_HOURS, 0)
+    assert len(first) == 2
+    ended = time.time() + 0.05
+    first.close()
+    wait_for(lambda: time.time() > ended + 0.01)
+    kept = SqliteStore(path)  # the default ttl: the ended window stays, for a probe
+    assert [s.state for s in kept.snapshot(0)] == [State.OPEN, State.OPEN]
+    kept.close()
+    restarted = SqliteStore(path, ttl=0.01)
+    (status,) = restarted.snapshot(0)
+    assert status.reason == QUOTA_EXHAUSTED
+    assert status.retry_in is not None and 21500 < status.retry_in <= 21600
+    refusal = restarted.admit(facts(restarted), P, 0).refusal
+    assert refusal is not None and refusal.reason == QUOTA_EXHAUSTED
+    assert restarted.admit(facts(restarted, origin=OTHER), P, 0).refusal is None
+
+
+def test_the_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """The file keeps the fingerprint key: the store creates it with mode 0600."""
+    SqliteStore(tmp_path / "s.db")
+    assert stat.S_IMODE(os.stat(tmp_path / "s.db").st_mode) == 0o600
+
+
+def _events(logs: list[Any]) -> list[str]:
+    return [e["event"] for e in logs if e["event"].startswith("store.")]
+
+
+def test_an_unwritable_place_fails_open_with_one_warning_and_recovers(tmp_path: Path) -> None:
+    """With the file's directory missing, every request is served from memory (one warning, no directory in it); once the file can be made, the store goes back to it."""
+    where = tmp_path / "later"
+    with structlog.testing.capture_logs() as logs:
+        store = SqliteStore(where / "s.db", retry_interval=0.05)
+        tickets = [store.admit(facts(store), P, 0).ticket for _ in range(5)]
+        assert all(isinstance(t, LocalTicket) for t in tickets)
+        for ticket in tickets[:2]:
+            assert ticket is not None
+            store.record(ticket, FAIL, P, SUSPENSIONS, 0)  # in memory
+        assert store.admit(facts(store), P, 1).ticket is None  # memory opened it
+        where.mkdir()
+
+        def back() -> bool:
+            return not isinstance(store.admit(facts(store, "other"), P, 1).ticket, LocalTicket)
+
+        wait_for(back)
+        assert store.admit(facts(store), P, 1).ticket is not None  # the file knows nothing
+    assert _events(logs) == ["store.unavailable", "store.recovered"]
+    warning = logs[0]
+    assert warning["log_level"] == "warning" and warning["server"] == "s.db"
+    assert str(tmp_path) not in repr(logs)
+
+
+def test_a_file_locked_past_the_timeout_fails_open_and_recovers(tmp_path: Path) -> None:
+    """Another writer holding the file longer than `timeout`: the operation is served from memory with one warning, and the store returns when the lock goes."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, timeout=0.05, retry_interval=0.05)
+    open_scope(store)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    with structlog.testing.capture_logs() as logs:
+        started = time.monotonic()
+        admission = store.admit(facts(store), P, 1)  # needs the file: waits, then memory
+        assert time.monotonic() - started < 1.0
+        assert isinstance(admission.ticket, LocalTicket)
+        assert store.admit(facts(store), P, 1).ticket is not None  # memory, no wait
+        holder.execute("COMMIT")
+        wait_for(lambda: store.admit(facts(store), P, 1).ticket is None)  # the file again
+    assert _events(logs) == ["store.unavailable", "store.recovered"]
+    holder.close()
+
+
+def test_a_corrupt_file_fails_open_and_a_replaced_one_is_used(tmp_path: Path) -> None:
+    """A file that is not a database never fails a request; once it is replaced by a good one the store uses it, with the fingerprint key kept there."""
+    path = tmp_path / "s.db"
+    path.write_bytes(b"not a database, " * 512)
+    with structlog.testing.capture_logs() as logs:
+        store = SqliteStore(path, retry_interval=0.05)
+        assert isinstance(store.admit(facts(store), P, 0).ticket, LocalTicket)
+        path.unlink()
+        good = SqliteStore(path)  # makes the fingerprint key the first store adopts on return
+        open_scope(good)
+        wait_for(lambda: store.admit(facts(store), P, 1).refusal is not None)  # the good file's
+        assert not store._failopen.down
+    assert _events(logs) == ["store.unavailable", "store.recovered"]
+
+
+def test_every_transport_shares_circuits_through_the_file(
+    make: MakeDriver, a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """Sync and async transports over two stores on one file: failures one sees make the other skip the target."""
+    a.behaviour = lambda seen: Respond(503)
+    config = route(("a", a.url + "/v1"), ("b", b.url + "/v1"))
+    first = make(config, store=SqliteStore(tmp_path / "s.db"))
+    second = make(config, store=SqliteStore(tmp_path / "s.db", refresh=0))
+    assert [first.get(a.url + "/v1/x").status for _ in range(2)] == [200, 200]
+    assert a.calls == 2
+    assert second.get(a.url + "/v1/x").text == "b"
+    assert a.calls == 2
+
+
+@pytest.mark.slow
+def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
+    a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """`sidestep run -c cfg -- gunicorn -w 4` with a SQLite store: the dead primary gets failure_threshold calls in all, not that many per worker, and every worker then goes to the backup."""
+    a.behaviour = lambda seen: Respond(503)
+    config = tmp_path / "sidestep.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                **route(
+                    ("primary", a.url + "/v1"),
+                    ("backup", b.url + "/v1"),
+                    breaker={"failure_threshold": 2, "cooldown": 600},
+                ),
+                "store": {"sqlite": {"path": str(tmp_path / "state.db"), "refresh": 0}},
+            }
+        )
+    )
+    sock = tmp_path / "gunicorn.sock"
+    env = environment(OUTAGE_UPSTREAM=a.url + "/v1/chat")
+    command = [sys.executable, "-m", "sidestep._cli", "run", "-c", str(config), "--"]
+    command += [sys.executable, "-m", "gunicorn", "--workers", "4", "--bind", f"unix:{sock}"]
+    command += ["--error-logfile", str(tmp_path / "error.log"), "outage_app:application"]
+    server = subprocess.Popen(command, env=env, cwd=TESTS, stdin=subprocess.DEVNULL)  # noqa: S603
+    client = httpx.Client(transport=httpx.HTTPTransport(uds=str(sock)), timeout=10)
+    try:
+
+        def listening() -> bool:
+            assert server.poll() is None, (tmp_path / "error.log").read_text()
+            return sock.exists()
+
+        wait_for(listening, timeout=60)
+        assert client.get("http://app/").text.endswith(" 200 b")  # the first failure
+        assert client.get("http://app/").text.endswith(" 200 b")  # the second: it opens
+        assert a.calls == 2
+        workers: set[str] = set()
+        with ThreadPoolExecutor(8) as pool:
+            for _ in range(50):  # until every worker has answered since
+                answers = list(pool.map(lambda _: client.get("http://app/").text, range(8)))
+                assert all(answer.endswith(" 200 b") for answer in answers), answers
+                workers |= {answer.split()[0] for answer in answers}
+                if len(workers) == 4:
+                    break
+        assert len(workers) == 4
+        assert a.calls == 2  # found once, for all four workers
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(30)
