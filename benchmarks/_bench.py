@@ -14,10 +14,12 @@ a user would write by hand.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import math
 import multiprocessing
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +54,12 @@ def verdict(scenario: str, target: str, value: Any, unit: str, ok: bool, note: s
     return out
 
 
+def within(scenario: str, target: str, ours: float, base: float, limit: float, note: str) -> Row:
+    """The verdict that `ours` is at most `limit` times `base` (the ratio is the value)."""
+    measured = ratio(ours, base)
+    return verdict(scenario, target, measured, "x", measured <= limit, note)
+
+
 def median(values: Iterable[float]) -> float:
     items = [v for v in values if not math.isnan(v)]
     return statistics.median(items) if items else math.nan
@@ -67,6 +75,28 @@ def percentile(values: list[float], q: float) -> float:
 
 def ratio(a: float, b: float) -> float:
     return a / b if b else math.nan
+
+
+def cpu_per_call(call: Callable[[], Any], calls: int) -> float:
+    """CPU seconds per call of `call` (`calls` of them), after 20 calls of warm-up."""
+    for _ in range(20):  # lazily built state, caches
+        call()
+    gc.collect()
+    started = time.process_time()
+    for _ in range(calls):
+        call()
+    return (time.process_time() - started) / calls
+
+
+async def cpu_per_call_async(call: Callable[[], Awaitable[Any]], calls: int) -> float:
+    """`cpu_per_call` for a coroutine function."""
+    for _ in range(20):
+        await call()
+    gc.collect()
+    started = time.process_time()
+    for _ in range(calls):
+        await call()
+    return (time.process_time() - started) / calls
 
 
 # -- peers -----------------------------------------------------------------------------

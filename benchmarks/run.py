@@ -27,6 +27,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 SCENARIOS = (
     "overhead",
+    "hotpath",
     "throughput",
     "outage",
     "hang",

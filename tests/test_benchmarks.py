@@ -34,6 +34,7 @@ def runner() -> Iterator[ModuleType]:
 def _scenarios() -> list[str]:
     names = (
         "overhead",
+        "hotpath",
         "throughput",
         "outage",
         "hang",

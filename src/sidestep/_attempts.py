@@ -25,8 +25,8 @@ from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
-from ._scopes import ScopeFacts, ScopeKind
-from ._store import Admission, StateStore, Ticket
+from ._scopes import ScopeKind
+from ._store import Admission, MemoryStore, StateStore, Ticket
 from ._store_config import build_store
 from ._validate import body_problem
 from ._verdicts import Verdicts
@@ -38,12 +38,16 @@ __all__ = ["Core"]
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 
 
-def _never(url: Any) -> bool:
-    return False
+def _never(*args: Any) -> Any:
+    return None  # not through a proxy; no look at an origin without admitting
 
 
 class Core(Candidacy, Verdicts, Endings, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
+
+    # False sends every request down the general path (`handle`) from its start: for
+    # the tests that prove both paths alike.
+    _fast_path = True
 
     def __init__(
         self,
@@ -70,6 +74,15 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         self._blocking = self.store.blocking
         self._byte_stream = flavour.ByteStream
         self._fingerprint = self.store.fingerprint
+        # The store's lock-free look at an origin, for the fast path (`decide`):
+        # only a MemoryStore's, since only its admission is known to be that look.
+        self._healthy: Callable[[str], int | None] = _never
+        self._origin_refused: Callable[[str, Any, float], Admission | None] = _never
+        if type(self.store) is MemoryStore:
+            self._healthy = self.store.healthy
+            self._origin_refused = self.store.refused
+        # A replacement classifier judges every answer, a 2xx included: no fast verdict.
+        self._quick = self._healthy is not _never and not self._custom_classifier
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
@@ -80,6 +93,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         self._origins: dict[tuple[str, str, int | None], str] = {}
         self._own: dict[str, Candidates] = {}
         self._matched: dict[tuple[str, str], Candidates] = {}
+        self._moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]] = {}
         if self.config.observability.enabled:
             from .metrics import enable_configured  # only what the configuration asks for
 
@@ -90,50 +104,135 @@ class Core(Candidacy, Verdicts, Endings, Watching):
 
     # -- the loop ------------------------------------------------------------------
 
-    def handle(self, request: Any) -> Generator[Any, Any, Any]:
+    def decide(self, request: Any) -> Run:
+        """The fast decision: the request's candidates admitted, without a generator.
+
+        Candidates refused are skipped as `handle` skips them; the first one
+        admitted stops the decision, its admission kept in the run for the rest
+        of the request (never taken twice). The run is `ready` when that
+        candidate is healthy and closed — no probe, no transition, nothing only
+        observed, no deadline to keep — so the
+        shell sends its request itself and hands the response to `settle`.
+        Any other run, as any result `settle` does not take, goes on in
+        `handle`, from where the decision stopped. While anyone listens to
+        DEBUG events, the decision stops before the first candidate: `handle`
+        emits the request's events around all of it.
+        """
+        run = self._start(request)
+        if self._blocking or run.deadline is not None or not self._fast_path or listening():
+            # Every admission is an effect, a deadline is to be checked, or someone
+            # listens for the request's own events, which start before any admission.
+            return run
+        healthy = self._healthy
+        policy, route = run.policy, run.cands.route
+        quick = (
+            self._quick
+            and policy.first_byte_timeout is None
+            and policy.stall_timeout is None
+            and (route is None or not route.avoid_rate_limits)
+        )
+        targets = run.cands.targets
+        for index, target in enumerate(targets):
+            if quick:
+                seq = healthy(target.origin)
+                if seq is not None:
+                    # Admitted as the store would admit it (nothing kept for the origin):
+                    # its ticket is made only if the request leaves the fast path.
+                    self._candidate(run, index, target)
+                    run.index, run.seq, run.ready = index, seq, True
+                    run.sent_at = self.clock()
+                    return run
+                refused = self._origin_refused(target.origin, self.breaker, self.clock())
+                if refused is not None:
+                    # refused as the store would refuse it: no request rebuilt, no key made
+                    self._refused(run, target, refused)
+                    continue
+            self._candidate(run, index, target)
+            facts = self._scope_facts(run, target)
+            admission = self.store.admit(facts, self.breaker, self.clock())
+            if admission.ticket is None:
+                self._refused(run, target, admission)
+                continue
+            run.index, run.admission = index, admission
+            return run
+        run.index = len(targets)  # every candidate refused: `handle` ends it
+        return run
+
+    def settle(self, run: Run, response: Any) -> Any:
+        """The fast verdict on a `ready` run's response: the answer, or None for `resume`.
+
+        Taken only when the verdict is a success that is whole already (a body
+        in memory): recorded, attributed, handed over. Anything else — a
+        status the classifier must judge, a body still to peek at — is left
+        untouched for `resume`.
+        """
+        if response.status_code >= 400 or not isinstance(response.stream, self._byte_stream):
+            return None
+        run.attempts = run.tried = 1
+        index = run.index
+        target = run.cands.targets[index]
+        if self._failing or self._healthy(target.origin) is None:
+            # something to reset, or kept since: recorded as the general path records it
+            try:
+                self._succeeded(self._pending(run, target), target, run)
+            except BaseException:
+                response.close()  # in memory: closing is sync for both colours
+                raise
+        return self._attribute(response, run, target, index)
+
+    def _pending(self, run: Run, target: CompiledTarget) -> Ticket:
+        """The ticket of a `ready` run, made now as the store made it then (once)."""
+        run.ready = False
+        return Ticket(self._scope_facts(run, target), run.seq)
+
+    def resume(self, run: Run, received: Any) -> Generator[Any, Any, Any]:
+        """`handle` for a `ready` run whose request the shell sent: `received` is its
+        response, or the exception sending raised, taken as the first attempt's."""
+        run.received = received
+        return self.handle(run.request, run)
+
+    def handle(self, request: Any, run: Run | None = None) -> Generator[Any, Any, Any]:
         """Drive one request to its response (or error), yielding effects for the shell.
 
         Each candidate in order: admission, rewrite, attempts, verdict; between
         the request's and its attempts' events (`_watch`) when someone listens.
+        A `run` from `decide` goes on from the candidate the decision stopped at.
         """
-        run = self._start(request)
+        if run is None:
+            run = self._start(request)
         return self._watched(run) if listening() else self._loop(run)
 
     def _loop(self, run: Run) -> Generator[Any, Any, Any]:
-        request = run.request
         try:
-            for index, target in enumerate(run.cands.targets):
-                if run.attempts >= run.policy.max_total_attempts or (
-                    run.deadline is not None and self.clock() >= run.deadline
-                ):
-                    break
-                if run.body is None and run.tried:
-                    break  # a one-shot body was sent once already; it cannot be replayed
-                if index == 0 and run.cands.direct:
-                    sent, headers, body = request, request.headers, run.body
+            targets = run.cands.targets
+            for index in range(run.index, len(targets)):
+                target = targets[index]
+                admission = run.admission
+                if admission is not None:
+                    run.admission = None  # admitted by `decide` already: never twice
+                elif run.ready:
+                    admission = Admission(self._pending(run, target))
                 else:
-                    sent, headers, body = self._rewrite(run, target)
-                facts = ScopeFacts(
-                    target.origin,
-                    headers,
-                    body,
-                    self._fingerprint,
-                    url=sent.url,
-                    path=run.endpoint,
-                    extensions=sent.extensions,
-                )
-                now = self.clock()
-                if self._blocking:
-                    lease = self._lease(run, sent)
-                    admission: Admission = yield Call("admit", (facts, self.breaker, now, lease))
-                else:
-                    admission = self.store.admit(facts, self.breaker, now)
-                if admission.ticket is None:
-                    if admission.transitions:
-                        self._announce(admission.transitions, target, run)
-                    self._skip(run, target, admission)
-                    continue
+                    if run.attempts >= run.policy.max_total_attempts or (
+                        run.deadline is not None and self.clock() >= run.deadline
+                    ):
+                        break
+                    if run.body is None and run.tried:
+                        break  # a one-shot body was sent once already; it cannot be replayed
+                    self._candidate(run, index, target)
+                    facts = self._scope_facts(run, target)
+                    now = self.clock()
+                    if self._blocking:
+                        lease = self._lease(run, run.sent)
+                        admission = yield Call("admit", (facts, self.breaker, now, lease))
+                    else:
+                        admission = self.store.admit(facts, self.breaker, now)
+                    if admission.ticket is None:
+                        self._refused(run, target, admission)
+                        continue
+                sent = run.sent
                 ticket = admission.ticket
+                assert ticket is not None  # a refused candidate was skipped above
                 if ticket.probes and run.watched:
                     self._admitted(run, target, ticket)
                 outcome: Outcome | None = None
@@ -163,14 +262,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     if outcome.deferred:
                         pass  # the body's end, or its failure, will be the verdict
                     elif outcome.verdict is SUCCESS and not self._blocking:
-                        # the healthy path: no event to emit, usually nothing kept to reset
-                        if self._failing:
-                            self._failing.pop(target.origin, None)
-                        changed = self.store.record(
-                            ticket, SUCCESS, self.breaker, self.suspensions, self.clock()
-                        )
-                        if changed:
-                            self._announce(changed, target, run)
+                        self._succeeded(ticket, target, run)
                     else:
                         yield from self._record(ticket, outcome.verdict, target, run)
                 except BaseException:
@@ -236,7 +328,10 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         deadline = run.deadline
         first_byte = run.policy.first_byte_timeout
         stall = run.policy.stall_timeout
-        now = run.sent_at = self.clock()
+        received, run.received = run.received, None
+        now = self.clock()
+        if received is None:
+            run.sent_at = now  # else `decide` set it, before the shell sent the request
         caller_read = None
         if deadline is not None or first_byte is not None or stall is not None:
             caller_read = (request.extensions.get("timeout") or {}).get("read")
@@ -246,7 +341,12 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         if first_byte is not None:
             fb_deadline = now + first_byte if deadline is None else min(deadline, now + first_byte)
         try:
-            response = yield Send(request, fb_deadline)
+            if received is None:
+                response = yield Send(request, fb_deadline)
+            elif isinstance(received, BaseException):
+                raise received  # what sending raised in the shell, as if raised here
+            else:
+                response = received
         except Exception as exc:
             return Outcome(self._classify_error(request, exc, run), exc)
         status = response.status_code

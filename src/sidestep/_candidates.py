@@ -19,7 +19,7 @@ from ._routes import (
     without_credentials,
 )
 from ._run import CACHE_LIMIT, CoreState, Run
-from ._scopes import origin_key
+from ._scopes import ScopeFacts, origin_key
 
 __all__ = ["Candidacy"]
 
@@ -51,7 +51,7 @@ class Candidacy(CoreState):
                 if cands is not None and len(self._matched) < CACHE_LIMIT:
                     self._matched[(origin, path)] = cands  # the same answer every time
         if cands is None:
-            cands = self._own_origin(origin, url)
+            cands = self._own.get(origin) or self._own_origin(origin, url)
         policy = cands.route.policy if cands.route else self.config.failover
         deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
         content = getattr(request, "_content", None)
@@ -62,6 +62,51 @@ class Candidacy(CoreState):
         else:
             body = None  # sent once, as it streams: nothing is read ahead
         return Run(request, cands, policy, body, deadline, "" if cands.route else path)
+
+    def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:
+        """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`."""
+        if index == 0 and run.cands.direct:
+            run.sent, run.sent_body = run.request, run.body
+        else:
+            run.sent, run.sent_body = self._rewrite(run, target)
+
+    def _scope_facts(self, run: Run, target: CompiledTarget) -> ScopeFacts:
+        """What the scopes of the candidate's request (`_candidate`) are made of."""
+        sent = run.sent
+        return ScopeFacts(
+            target.origin,
+            sent.headers,
+            run.sent_body,
+            self._fingerprint,
+            url=sent.url,
+            path=run.endpoint,
+            extensions=sent.extensions,
+        )
+
+    def _target_url(self, url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
+        """`url` moved to `target` (credentials in it kept only if `keep`), remembered:
+        URLs are immutable, and parsing one is most of the cost of a rewrite."""
+        try:
+            key: tuple[int, Any] = (id(target), url._uri_reference)  # a tuple of its parts
+        except AttributeError:
+            key = (id(target), url.raw)
+        kept = self._moved.get(key)
+        if kept is not None and kept[0] is target:
+            return kept[1]
+        query: bytes = url.query
+        if query and not keep:
+            query = without_credentials(query)
+        moved = url.copy_with(
+            scheme=target.scheme,
+            host=target.host,
+            port=target.port,
+            raw_path=(target.path + rest).encode("ascii") + (b"?" + query if query else b""),
+        )
+        if not keep and moved.userinfo:
+            moved = moved.copy_with(userinfo=b"")
+        if len(self._moved) < CACHE_LIMIT:
+            self._moved[key] = (target, moved)  # the target kept too: its id stays its own
+        return moved
 
     def _own_origin(self, origin: str, url: Any) -> Candidates:
         """An unrouted request: one candidate, its own origin (cached; bounded)."""
@@ -82,8 +127,8 @@ class Candidacy(CoreState):
             return request.read()  # type: ignore[no-any-return]
         return None
 
-    def _rewrite(self, run: Run, target: CompiledTarget) -> tuple[Any, Any, bytes | None]:
-        """The request rebuilt for `target`: (request, its headers, its body).
+    def _rewrite(self, run: Run, target: CompiledTarget) -> tuple[Any, bytes | None]:
+        """The request rebuilt for `target`, and its body.
 
         Credentials — credential headers, URL userinfo, credential query
         parameters — go to another origin only when the target inherits them.
@@ -96,18 +141,7 @@ class Candidacy(CoreState):
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)
-        query: bytes = request.url.query
-        if query and not keep:
-            query = without_credentials(query)
-        url = request.url.copy_with(
-            scheme=target.scheme,
-            host=target.host,
-            port=target.port,
-            raw_path=(target.path + run.cands.rest).encode("ascii")
-            + (b"?" + query if query else b""),
-        )
-        if not keep and url.userinfo:
-            url = url.copy_with(userinfo=b"")
+        url = self._target_url(request.url, target, run.cands.rest, keep)
         extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
         rebuilt = type(request)(
             request.method,
@@ -116,4 +150,4 @@ class Candidacy(CoreState):
             content=body if body is not None else request.stream,
             extensions=extensions,
         )
-        return rebuilt, rebuilt.headers, body
+        return rebuilt, body

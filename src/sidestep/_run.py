@@ -18,7 +18,7 @@ from ._errors import CandidateStatus
 from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._scopes import Fingerprinter
-from ._store import StateStore
+from ._store import Admission, StateStore
 
 __all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run"]
 
@@ -32,17 +32,24 @@ class Run:
     """One request's progress through its candidates (created per request: kept lean)."""
 
     __slots__ = (
+        "admission",
         "attempts",
         "body",
         "cands",
         "deadline",
         "endpoint",
+        "index",
         "last",
         "last_target",
         "policy",
+        "ready",
+        "received",
         "request",
         "result",
+        "sent",
         "sent_at",
+        "sent_body",
+        "seq",
         "skipped",
         "tried",
         "watched",
@@ -70,6 +77,17 @@ class Run:
         # each skipped target's status, and the end of its open window (None: half-open)
         self.skipped: list[tuple[CandidateStatus, float | None]] = []
         self.sent_at = 0.0  # when the latest attempt started, on the core's clock
+        # What the fast decision (`Core.decide`) left for the rest of the request:
+        # the candidate it stopped at and that candidate's admission, or, when the
+        # shell may send its request itself (`ready`), what makes its ticket; once
+        # sent, the response (or the exception) the attempt takes instead of sending.
+        self.index = 0
+        self.admission: Admission | None = None
+        self.sent: Any = None  # the candidate's request, as sent
+        self.sent_body: bytes | None = None  # its body, when it can be sent again
+        self.ready = False
+        self.seq = 0  # a ready run's admission: the store's sequence number then
+        self.received: Any = None
         self.watched = False  # someone listens: attempt and request events are emitted
         self.result = ""  # the latest attempt's result, as `attempt.finished` named it
 
@@ -112,3 +130,4 @@ class CoreState:
     _origins: dict[tuple[str, str, int | None], str]
     _own: dict[str, Candidates]
     _matched: dict[tuple[str, str], Candidates]
+    _moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 from . import _circuit as circuit
 from ._circuit import Circuit, Entry, State
 from ._classify import Kind, Verdict
-from ._scopes import Fingerprinter, ScopeFacts, ScopeKey
+from ._scopes import Fingerprinter, ScopeFacts, ScopeKey, ScopeKind
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
@@ -165,6 +165,8 @@ class StateStore(Protocol):
 class _Origin:
     unhealthy: int = 0  # entries kept for this origin
     forgot: int = 0  # the sequence number of the last time one of them was forgotten
+    key: ScopeKey | None = None  # the origin's own scope, made once
+    refused: tuple[Circuit, Admission] | None = None  # its refusal, while that circuit stands
 
 
 @dataclass(slots=True)
@@ -203,6 +205,39 @@ class MemoryStore:
 
     # -- admission ---------------------------------------------------------
 
+    def healthy(self, origin: str) -> int | None:
+        """Whether nothing is kept for `origin`: then admission there is a ticket
+        ``Ticket(facts, seq)`` for this sequence number, and a success records
+        nothing; None otherwise."""
+        kept = self._state.origins.get(origin)
+        return self._seq if kept is None or not kept.unhealthy else None
+
+    def refused(self, origin: str, policy: BreakerPolicy, now: float) -> Admission | None:
+        """The refusal `admit` gives every request to `origin` now, its own scope being
+        open; None when that is not known without the request's keys."""
+        kept = self._state.origins.get(origin)
+        if kept is None or not kept.unhealthy:
+            return None
+        return self._refused(kept, origin, policy, now)
+
+    def _refused(
+        self, kept: _Origin, origin: str, policy: BreakerPolicy, now: float
+    ) -> Admission | None:
+        if not policy.enforce:
+            return None
+        # The origin's own scope comes first among every request's keys: when it
+        # refuses, that is the answer, before any body parse or hash (an outage).
+        key = kept.key
+        if key is None:
+            key = kept.key = ScopeKey(ScopeKind.ORIGIN, origin)
+        c = self._state.entries.get(key)
+        if c is None or c.state is not State.OPEN or now >= c.retry_at:
+            return None
+        refused = kept.refused  # the same answer for every request it turns away
+        if refused is None or refused[0] is not c:
+            refused = kept.refused = (c, Admission(None, _refusal(key, c)))
+        return refused[1]
+
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
@@ -212,6 +247,9 @@ class MemoryStore:
         if origin is None or not origin.unhealthy:
             # The healthy path: no key, no body parse, no hash, no lock.
             return Admission(Ticket(facts, self._seq))
+        refused = self._refused(origin, facts.origin, policy, now)
+        if refused is not None:
+            return refused
         keys = facts.keys()
         with self._lock:
             return self._admit(facts, keys, policy, now)
@@ -365,7 +403,10 @@ class MemoryStore:
         if before is None:
             if len(entries) >= self._max:
                 self._evict()
-            origins.setdefault(key.origin, _Origin()).unhealthy += 1
+            kept = origins.setdefault(key.origin, _Origin())
+            kept.unhealthy += 1
+            if key.kind is ScopeKind.ORIGIN:
+                kept.key = key  # the very key of the entry: found by identity
         entries[key] = after
 
     def _forget(self, key: ScopeKey) -> None:

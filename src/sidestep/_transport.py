@@ -111,7 +111,16 @@ class _SyncShell(_Shell):
     def handle_request(self, request: Any) -> Any:
         if not self.active:
             return self._inner.handle_request(request)
-        return self._drive(self._core.handle(request))
+        core = self._core
+        run = core.decide(request)
+        if not run.ready:
+            return self._drive(core.handle(request, run))
+        try:  # the fast path: the core decided, this sends, the core settles
+            response = self._inner.handle_request(run.sent)
+        except BaseException as exc:  # the core decides what every failure means
+            return self._drive(core.resume(run, exc))
+        answer = core.settle(run, response)
+        return self._drive(core.resume(run, response)) if answer is None else answer
 
     def close(self) -> None:
         self._inner.close()
@@ -202,7 +211,16 @@ class _AsyncShell(_Shell):
     async def handle_async_request(self, request: Any) -> Any:
         if not self.active:
             return await self._inner.handle_async_request(request)
-        return await self._drive(self._core.handle(request))
+        core = self._core
+        run = core.decide(request)
+        if not run.ready:
+            return await self._drive(core.handle(request, run))
+        try:  # the fast path: the core decided, this sends, the core settles
+            response = await self._inner.handle_async_request(run.sent)
+        except BaseException as exc:  # the core decides; cancellation comes back out
+            return await self._drive(core.resume(run, exc))
+        answer = core.settle(run, response)
+        return await self._drive(core.resume(run, response)) if answer is None else answer
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -7,6 +7,7 @@ attempt and after how long, and the store's record with its events.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
@@ -24,7 +25,7 @@ from ._routes import CompiledTarget
 from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run
 from ._scopes import ScopeKind
 from ._store import Admission, Refusal, Ticket, Transition
-from .logging import emit
+from .logging import emit, listening
 
 __all__ = ["Verdicts"]
 
@@ -178,19 +179,32 @@ class Verdicts(CoreState):
             ticket.done = False  # a probe's success was recorded at the commit point
             yield from self._record(ticket, verdict, target, run)
 
-    def _skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
+    def _succeeded(self, ticket: Ticket, target: CompiledTarget, run: Run) -> None:
+        """A success on a store that does not wait: no event, usually nothing kept to reset."""
+        if self._failing:
+            self._failing.pop(target.origin, None)
+        changed = self.store.record(ticket, SUCCESS, self.breaker, self.suspensions, self.clock())
+        if changed:
+            self._announce(changed, target, run)
+
+    def _refused(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
+        """A candidate refused admission: its transitions told, then skipped."""
+        if admission.transitions:
+            self._announce(admission.transitions, target, run)
         refusal = admission.refusal
         assert refusal is not None
         now = self.clock()
         retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
         status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
         run.skipped.append((status, refusal.retry_at if refusal.state is State.OPEN else None))
-        _skipped(run, target, refusal, retry_in_s=retry_in)
+        if listening(logging.DEBUG):
+            _skipped(run, target, refusal, retry_in_s=retry_in)
 
     def _observe_skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
         refusal = admission.refusal
         assert refusal is not None
-        _skipped(run, target, refusal, enforced=False)
+        if listening(logging.DEBUG):
+            _skipped(run, target, refusal, enforced=False)
 
     def _announce(
         self, transitions: tuple[Transition, ...], target: CompiledTarget, run: Run

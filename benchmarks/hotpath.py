@@ -1,0 +1,299 @@
+"""Scenario, hotpath: what sidestep itself costs per request, healthy and in an outage.
+
+Three measures, each sidestep's next to the peer breakers' in the same run:
+
+- *isolated*: the transport's own ``handle_request`` called in a tight loop
+  over an inner ``httpx.MockTransport``, minus the inner transport alone —
+  the wrapper's cost with no client around it (httpx and httpx2, sync and
+  async);
+- *client*: a whole client over ``MockTransport`` (as the overhead scenario),
+  for httpx2 too;
+- *skip* and *sustained outage*: the primary of a route suspended (open),
+  every request skipping it for the backup. The skip's cost is that
+  isolated time minus a route that sends straight to the backup (the same
+  rewrite, no skip); the outage runs a sync client paced at 1,000 requests/s
+  and compares its CPU time per request with the same client while healthy.
+
+Samples are interleaved and medians reported; times are the process's CPU
+time, so that other work on a busy machine does not count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import httpx
+import httpx2
+
+import _bench as b
+import overhead
+import sidestep
+import sidestep.httpx2
+from _bench import Row
+
+SCENARIO = "hotpath"
+URL = overhead.URL
+ROUTED = overhead.ROUTED
+BREAKER = {"failure_threshold": b.THRESHOLD, "cooldown": 3600, "max_cooldown": 3600}
+OUTAGE = {**ROUTED, "breaker": BREAKER}
+# The same rewrite to the backup as in the outage, with no candidate to skip.
+VIA_BACKUP = {
+    "routes": [
+        {
+            "name": "api",
+            "match": ["http://api.example/v1"],
+            "targets": [{"name": "backup", "url": "http://backup.example/v1"}],
+        }
+    ]
+}
+RATE = 1000.0  # requests per second in the sustained outage
+
+
+def _ok(module: Any) -> Callable[[Any], Any]:
+    def answer(request: Any) -> Any:
+        return module.Response(200, content=b'{"ok":true}')
+
+    return answer
+
+
+def _down(module: Any) -> Callable[[Any], Any]:
+    """The primary answers 503 (enough to open its circuit), the backup 200."""
+
+    def answer(request: Any) -> Any:
+        if request.url.host == "api.example":
+            return module.Response(503, content=b"down")
+        return module.Response(200, content=b'{"ok":true}')
+
+    return answer
+
+
+def _opened(side: Any, module: Any, cls: Any) -> Any:
+    """A `cls` transport whose route's primary is open for the rest of the run.
+
+    A sync transport opens it in a store the returned one shares; the
+    returned one's inner transport answers like every other variant's.
+    """
+    store = sidestep.MemoryStore()
+    opener = side.FailoverTransport(
+        OUTAGE, transport=module.MockTransport(_down(module)), store=store
+    )
+    request = module.Request("GET", URL)
+    for _ in range(b.THRESHOLD):
+        opener.handle_request(request).close()
+    return cls(OUTAGE, transport=module.MockTransport(_ok(module)), store=store)
+
+
+# -- isolated ------------------------------------------------------------------------------
+
+
+def _isolated(module: Any, side: Any, colour: str) -> dict[str, Callable[[], Any]]:
+    """The transports measured alone: bare, sidestep's, and (httpx) the peers'."""
+    cls = side.AsyncFailoverTransport if colour == "async" else side.FailoverTransport
+
+    def mock() -> Any:
+        return module.MockTransport(_ok(module))
+
+    variants: dict[str, Callable[[], Any]] = {
+        "bare": mock,
+        "sidestep": lambda: cls(transport=mock()),
+        "sidestep, routed": lambda: cls(ROUTED, transport=mock()),
+        "sidestep, via backup": lambda: cls(VIA_BACKUP, transport=mock()),
+        "sidestep, primary open": lambda: _opened(side, module, cls),
+    }
+    if module is httpx:
+        peers = overhead._async_variants()[0] if colour == "async" else overhead._sync_variants()
+        for name, make in peers.items():
+            if "sidestep" not in name and "bare" not in name:
+                variants[name] = make
+    return variants
+
+
+# -- whole clients (httpx2; httpx's are in the overhead scenario) ---------------------------
+
+
+def _clients(colour: str) -> dict[str, Callable[[], Any]]:
+    client = httpx2.AsyncClient if colour == "async" else httpx2.Client
+    cls = (
+        sidestep.httpx2.AsyncFailoverTransport
+        if colour == "async"
+        else sidestep.httpx2.FailoverTransport
+    )
+
+    def mock() -> Any:
+        return httpx2.MockTransport(_ok(httpx2))
+
+    return {
+        f"client httpx2 {colour} bare": lambda: client(transport=mock()),
+        f"client httpx2 {colour} sidestep, routed": lambda: client(
+            transport=cls(ROUTED, transport=mock())
+        ),
+    }
+
+
+# -- the sustained outage -------------------------------------------------------------------
+
+
+def _paced(transport: Any, requests: int) -> float:
+    """CPU seconds per request of a sync client sending `requests` at `RATE` per second."""
+    with httpx.Client(transport=transport) as client:
+        for _ in range(20):
+            client.get(URL)
+        gc.collect()
+        interval = 1.0 / RATE
+        due = time.perf_counter()
+        started = time.process_time()
+        for _ in range(requests):
+            client.get(URL).raise_for_status()
+            due += interval
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+        return (time.process_time() - started) / requests
+
+
+def _outage_variants() -> dict[str, Callable[[], Any]]:
+    return {
+        "healthy": lambda: sidestep.FailoverTransport(
+            OUTAGE, transport=httpx.MockTransport(_ok(httpx))
+        ),
+        "primary open": lambda: _opened(sidestep, httpx, sidestep.FailoverTransport),
+    }
+
+
+# -- the scenario ------------------------------------------------------------------------------
+
+
+def run(quick: bool) -> list[Row]:
+    rounds, requests, paced = (1, 30, 30) if quick else (9, 3000, 1000)
+    times: dict[str, list[float]] = {}
+    flavours = (("httpx", httpx, sidestep), ("httpx2", httpx2, sidestep.httpx2))
+
+    async def measure_async() -> None:
+        for _ in range(rounds):
+            for label, module, side in flavours:
+                request = module.Request("GET", URL)
+                for name, make in _isolated(module, side, "async").items():
+                    send = partial(make().handle_async_request, request)
+                    sample = await b.cpu_per_call_async(send, requests)
+                    times.setdefault(f"{label} async {name}", []).append(sample)
+            for name, make in _clients("async").items():
+                async with make() as client:
+                    sample = await b.cpu_per_call_async(partial(client.get, URL), requests)
+                times.setdefault(name, []).append(sample)
+
+    with b.quiet_logs():
+        asyncio.run(measure_async())
+        for _ in range(rounds):
+            for label, module, side in flavours:
+                request = module.Request("GET", URL)
+                for name, make in _isolated(module, side, "sync").items():
+                    handle = partial(make().handle_request, request)
+                    sample = b.cpu_per_call(handle, requests)
+                    times.setdefault(f"{label} sync {name}", []).append(sample)
+            for name, make in _clients("sync").items():
+                with make() as client:
+                    sample = b.cpu_per_call(partial(client.get, URL), requests)
+                times.setdefault(name, []).append(sample)
+        for _ in range(max(1, rounds // 3)):
+            for name, make in _outage_variants().items():
+                times.setdefault(f"outage at 1,000/s: {name}", []).append(_paced(make(), paced))
+    medians = {name: b.median(samples) * 1e6 for name, samples in times.items()}
+    return _rows(medians) + _verdicts(medians, rounds, requests)
+
+
+def _rows(medians: dict[str, float]) -> list[Row]:
+    rows: list[Row] = []
+    for label in ("httpx", "httpx2"):
+        for colour in ("async", "sync"):
+            prefix = f"{label} {colour} "
+            bare = medians[prefix + "bare"]
+            for name, value in medians.items():
+                if name.startswith(prefix) and name != prefix + "bare":
+                    rows.append(
+                        b.row(
+                            SCENARIO,
+                            f"isolated: {name}",
+                            value - bare,
+                            "µs/request",
+                            f"{value:.1f} µs through it, {bare:.1f} µs bare",
+                        )
+                    )
+    for colour in ("async", "sync"):
+        bare = medians[f"client httpx2 {colour} bare"]
+        ours = medians[f"client httpx2 {colour} sidestep, routed"]
+        rows.append(b.row(SCENARIO, f"client httpx2 {colour} bare", bare, "µs/request", ""))
+        rows.append(
+            b.row(
+                SCENARIO,
+                f"client httpx2 {colour} sidestep, routed",
+                ours,
+                "µs/request",
+                f"{b.ratio(ours, bare):.2f}x bare httpx2",
+            )
+        )
+    for name in ("healthy", "primary open"):
+        key = f"outage at 1,000/s: {name}"
+        rows.append(b.row(SCENARIO, key, medians[key], "µs CPU/request", "sync client"))
+    return rows
+
+
+def _verdicts(medians: dict[str, float], rounds: int, requests: int) -> list[Row]:
+    note = f"median of {rounds} interleaved samples of {requests} requests"
+    rows = []
+    for label in ("httpx", "httpx2"):
+        for colour in ("async", "sync"):
+            prefix = f"{label} {colour} "
+            cost = medians[prefix + "sidestep, routed"] - medians[prefix + "bare"]
+            rows.append(
+                b.verdict(
+                    SCENARIO,
+                    f"{label} {colour}: isolated wrapper cost <= 3 µs/request",
+                    cost,
+                    "µs",
+                    cost <= 3.0,
+                    note,
+                )
+            )
+            skip = (
+                medians[prefix + "sidestep, primary open"]
+                - medians[prefix + "sidestep, via backup"]
+            )
+            rows.append(
+                b.verdict(
+                    SCENARIO,
+                    f"{label} {colour}: a skipped candidate <= 5 µs",
+                    skip,
+                    "µs",
+                    skip <= 5.0,
+                    "primary open minus straight to the backup (the same rewrite)",
+                )
+            )
+    for colour in ("async", "sync"):
+        rows.append(
+            b.within(
+                SCENARIO,
+                f"httpx2 {colour}: sidestep (routed) <= 1.05x bare httpx2 per request",
+                medians[f"client httpx2 {colour} sidestep, routed"],
+                medians[f"client httpx2 {colour} bare"],
+                1.05,
+                note,
+            )
+        )
+    healthy = medians["outage at 1,000/s: healthy"]
+    outage = medians["outage at 1,000/s: primary open"]
+    rows.append(
+        b.within(
+            SCENARIO,
+            "sustained outage at 1,000 requests/s: CPU per request <= 1.10x healthy",
+            outage,
+            healthy,
+            1.10,
+            f"{outage:.1f} µs vs {healthy:.1f} µs; sync client over MockTransport",
+        )
+    )
+    return rows

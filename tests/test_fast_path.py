@@ -1,0 +1,327 @@
+"""The fast path (`Core.decide` and `Core.settle`) is the general path, only cheaper.
+
+The same scripted traffic runs through a transport with the fast path and
+one without it (the core's private switch): every answer or error, every
+event and the store's state after every step must be the same. Pure logic:
+the upstreams are `httpx.MockTransport` handlers, the clock a fake one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+import sidestep
+from drivers import FakeClock
+from sidestep import logging as events
+from sidestep._classify import Exchange, Kind, Verdict, classify
+from sidestep._store import MemoryStore
+
+PRIMARY = "http://primary.example"
+BACKUP = "http://backup.example"
+CONFIG = {
+    "breaker": {"failure_threshold": 2, "cooldown": 10},
+    "routes": [
+        {
+            "name": "chat",
+            "match": ["http://llm.internal/v1"],
+            "targets": [
+                {"name": "primary", "url": PRIMARY + "/v1", "headers": {"x-api-key": "k1"}},
+                {"name": "backup", "url": BACKUP + "/v1"},
+            ],
+        }
+    ],
+}
+
+
+class Chunks(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """A body that arrives in pieces (not in memory): its verdict waits for its first byte."""
+
+    def __init__(self, *chunks: bytes, fail: bool = False) -> None:
+        self._chunks = chunks
+        self._fail = fail
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._chunks
+        if self._fail:
+            raise httpx.ReadError("broke off")
+
+    async def __aiter__(self) -> Any:
+        for chunk in self._chunks:
+            yield chunk
+        if self._fail:
+            raise httpx.ReadError("broke off")
+
+
+def _answer(kind: str, request: httpx.Request) -> httpx.Response:
+    if kind == "ok":
+        return httpx.Response(200, content=b'{"ok":true}', headers={"x-from": request.url.host})
+    if kind == "stream":
+        return httpx.Response(200, stream=Chunks(b"a", b"b"))
+    if kind == "broken":
+        return httpx.Response(200, stream=Chunks(b"a", fail=True))
+    if kind == "redirect":
+        return httpx.Response(304, content=b"")
+    if kind == "connect":
+        raise httpx.ConnectError("refused", request=request)
+    if kind == "timeout":
+        raise httpx.ReadTimeout("slow", request=request)
+    if kind == "429":
+        return httpx.Response(429, headers={"retry-after": "3"}, content=b"slow down")
+    return httpx.Response(int(kind), content=b'{"error":"x"}')
+
+
+# Each step: (method, url, what primary answers, what backup answers, seconds to advance after).
+SCRIPT: list[tuple[str, str, str, str, float]] = [
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),
+    ("POST", "http://llm.internal/v1/chat", "stream", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "redirect", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "404", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "503", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),  # resets the failure count
+    ("GET", "http://llm.internal/v1/models", "connect", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "503", "ok", 0),  # opens the primary
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),  # skipped: served by the backup
+    ("POST", "http://llm.internal/v1/chat", "ok", "stream", 11),  # skipped; streamed backup
+    ("GET", "http://llm.internal/v1/models", "503", "ok", 11),  # the probe fails: reopened
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),  # the probe succeeds: closed
+    ("GET", "http://llm.internal/v1/models", "429", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "ok", "503", 4),  # primary back after 3 s
+    ("GET", "http://llm.internal/v1/models", "broken", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "timeout", "connect", 0),
+    ("GET", "http://llm.internal/v1/models", "500", "500", 0),
+    ("GET", "http://llm.internal/v1/models", "500", "500", 0),  # both open
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 11),  # every candidate suspended
+    ("GET", "http://unrouted.example/a", "ok", "ok", 0),
+    ("GET", "http://unrouted.example/a", "ok", "ok", 0),
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),
+]
+RACE = ("GET", "http://llm.internal/v1/models", "race", "ok", 0)
+
+
+class Script:
+    """What each upstream answers now: set before each step."""
+
+    def __init__(self) -> None:
+        self.primary = self.backup = "ok"
+        self.transport: Any = None
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        kind = self.backup if request.url.host == "backup.example" else self.primary
+        if kind == "race":
+            # While this request is in flight, another one fails on the primary: this
+            # one's success must still reset the count the other one left.
+            self.primary = "503"
+            self.transport.handle_request(httpx.Request("GET", "http://llm.internal/v1/x"))
+            self.primary, kind = "race", "ok"
+        return _answer(kind, request)
+
+
+def _transport(async_: bool, fast: bool, **extra: Any) -> tuple[Any, Script, FakeClock]:
+    script, clock = Script(), FakeClock()
+    store = MemoryStore(fingerprint_key=b"the same key for both")
+    cls = sidestep.AsyncFailoverTransport if async_ else sidestep.FailoverTransport
+    transport = cls(
+        {**CONFIG, **extra}, transport=httpx.MockTransport(script), store=store, clock=clock
+    )
+    transport._core._fast_path = fast
+    script.transport = transport
+    return transport, script, clock
+
+
+def _result(response: httpx.Response) -> tuple[Any, ...]:
+    return (
+        response.status_code,
+        response.content,
+        sorted(response.headers.multi_items()),
+        response.extensions.get("sidestep"),
+    )
+
+
+def _state(transport: Any) -> list[dict[str, Any]]:
+    return sorted((asdict(s) for s in transport.suspensions()), key=lambda s: s["scope_id"])
+
+
+def _run_sync(fast: bool, body: bool = True, **extra: Any) -> list[Any]:
+    transport, script, clock = _transport(False, fast, **extra)
+    trail: list[Any] = []
+    with httpx.Client(transport=transport) as client:
+        for method, url, primary, backup, advance in [RACE, *SCRIPT]:
+            script.primary, script.backup = primary, backup
+            try:
+                trail.append(
+                    _result(client.request(method, url, json={"model": "m"} if body else None))
+                )
+            except Exception as exc:
+                trail.append((type(exc).__name__, str(exc)))
+            trail.append(_state(transport))
+            clock.advance(advance)
+    return trail
+
+
+def _run_async(fast: bool, body: bool = True, **extra: Any) -> list[Any]:
+    async def main() -> list[Any]:
+        transport, script, clock = _transport(True, fast, **extra)
+        trail: list[Any] = []
+        async with httpx.AsyncClient(transport=transport) as client:
+            for method, url, primary, backup, advance in SCRIPT:
+                script.primary, script.backup = primary, backup
+                try:
+                    response = await client.request(
+                        method, url, json={"model": "m"} if body else None
+                    )
+                    trail.append(_result(response))
+                except Exception as exc:
+                    trail.append((type(exc).__name__, str(exc)))
+                trail.append(_state(transport))
+                clock.advance(advance)
+        return trail
+
+    return asyncio.run(main())
+
+
+def _custom(exchange: Exchange) -> Verdict:
+    if exchange.status == 418:
+        return Verdict(Kind.FAILURE, "teapot", None, failover=True)
+    return classify(exchange)
+
+
+VARIANTS = {
+    "default": {},
+    "classifier": {"classifier": _custom},
+    "avoid_rate_limits": {
+        "routes": [{**CONFIG["routes"][0], "avoid_rate_limits": True}]  # type: ignore[dict-item]
+    },
+    "commit_complete": {"routes": [{**CONFIG["routes"][0], "commit": "complete"}]},  # type: ignore[dict-item]
+    "observe": {"breaker": {"failure_threshold": 2, "cooldown": 10, "enforce": False}},
+}
+
+
+@pytest.mark.parametrize("body", [True, False], ids=["model", "no-body"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("run", [_run_sync, _run_async], ids=["sync", "async"])
+def test_same_answers_and_store_state(run: Any, variant: str, body: bool) -> None:
+    """With nobody listening, every answer, error and store state is the same on both paths.
+
+    Without a body, failures count for the origin's own scope, which then refuses
+    before any key is made.
+    """
+    extra = VARIANTS[variant]
+    fast, general = run(True, body, **extra), run(False, body, **extra)
+    assert len(fast) >= 2 * len(SCRIPT)
+    assert fast == general
+
+
+@pytest.mark.parametrize("run", [_run_sync, _run_async], ids=["sync", "async"])
+def test_same_events(run: Any) -> None:
+    """With an observer, both paths emit the same events, in the same order, skips included."""
+    trails = []
+    for fast in (True, False):
+        seen: list[tuple[str, dict[str, Any]]] = []
+
+        def observer(event: str, fields: Any, seen: list[Any] = seen) -> None:
+            seen.append((event, dict(fields)))
+
+        events.add_observer(observer)
+        try:
+            trails.append((run(fast), seen))
+        finally:
+            events.remove_observer(observer)
+    (fast_trail, fast_events), (general_trail, general_events) = trails
+    assert fast_trail == general_trail
+    assert {name for name, _ in fast_events} >= {"candidate.skipped", "circuit.opened"}
+    assert fast_events == general_events
+
+
+def _counting(transport: Any) -> list[int]:
+    core, calls = transport._core, [0]
+    handle = core.handle
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return handle(*args)
+
+    core.handle = counted
+    return calls
+
+
+def test_healthy_request_runs_no_generator() -> None:
+    """A healthy answer in memory is decided and settled without the general path."""
+    transport, _, _ = _transport(False, True)
+    calls = _counting(transport)
+    with httpx.Client(transport=transport) as client:
+        response = client.get("http://llm.internal/v1/models")
+        assert response.status_code == 200
+        assert response.extensions["sidestep"]["target"] == "primary"
+        assert calls == [0]
+        client.get("http://unrouted.example/a")
+        assert calls == [0]
+
+
+def test_what_the_fast_verdict_cannot_take_goes_on_in_the_general_path() -> None:
+    """A streamed body, a failure or a listener: the general path, with admission made once."""
+    transport, script, _ = _transport(False, True)
+    calls = _counting(transport)
+    with httpx.Client(transport=transport) as client:
+        script.primary = "stream"
+        assert client.get("http://llm.internal/v1/models").content == b"ab"
+        assert calls == [1]
+        script.primary = "503"
+        assert client.get("http://llm.internal/v1/models").headers["x-from"] == "backup.example"
+        assert calls == [2]
+
+        def observer(event: str, fields: Any) -> None:
+            return None
+
+        events.add_observer(observer)
+        try:
+            script.primary = "ok"
+            client.get("http://llm.internal/v1/models")
+            assert calls == [3]
+        finally:
+            events.remove_observer(observer)
+
+
+def test_a_probe_always_takes_the_general_path() -> None:
+    """A half-open scope's probe is never sent by the shell itself."""
+    transport, script, clock = _transport(False, True)
+    with httpx.Client(transport=transport) as client:
+        script.primary = "503"
+        for _ in range(2):
+            client.get("http://llm.internal/v1/models")
+        clock.advance(11)
+        request = client.build_request("GET", "http://llm.internal/v1/models")
+        run = transport._core.decide(request)
+        assert not run.ready
+        assert run.admission is not None
+        assert run.admission.ticket.probes
+        transport._core.store.release(run.admission.ticket)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_cancelled_fast_send_leaves_nothing_behind(anyio_backend: str) -> None:
+    """Cancelled while the shell sends: the cancellation comes out, nothing is recorded."""
+    release = anyio.Event()
+
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await release.wait()
+        return httpx.Response(200)
+
+    transport = sidestep.AsyncFailoverTransport(CONFIG, transport=httpx.MockTransport(hang))
+    calls = _counting(transport)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with anyio.move_on_after(0.05) as scope:
+            await client.get("http://llm.internal/v1/models")
+        assert scope.cancelled_caught
+        assert calls == [1]  # handed over to the general path, which let the cancellation out
+        assert transport.suspensions() == []
+        release.set()
+        response = await client.get("http://llm.internal/v1/models")
+        assert response.extensions["sidestep"]["target"] == "primary"
