@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
 from redis.commands.core import AsyncScript
 
 from ._redis_scripts import SCRIPT
@@ -99,7 +100,9 @@ async def aconnect(connection: Any) -> None:
     await connection.read_response()
 
 
-async def keeper(client: redis.asyncio.Redis) -> AsyncGenerator[None, None]:
+async def keeper(
+    client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
+) -> AsyncGenerator[None, None]:
     """Holds `client` until its event loop shuts down its async generators, then closes it."""
     try:
         yield
