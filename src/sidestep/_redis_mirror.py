@@ -105,6 +105,9 @@ class Mirror:
                 self._sick[oh] = max(seq, self._sick.get(oh, 0))
             elif seq >= self._sick.get(oh, seq):
                 self._sick.pop(oh, None)
+            # A ticket admitted without a round trip from now on is no older than this
+            # news (what makes a scope forgotten before it stale: see the script's `current`).
+            self.seq = max(self.seq, seq)
 
     # -- the listener -----------------------------------------------------------------------------
 
