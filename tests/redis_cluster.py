@@ -25,7 +25,9 @@ from redis_server import PASSWORD, RedisMissing
 from upstream import free_port
 
 NODES = 6
-NODE_TIMEOUT_MS = 1000  # how long a silent primary takes to be failed over: about this, plus an election
+NODE_TIMEOUT_MS = (
+    1000  # how long a silent primary takes to be failed over: about this, plus an election
+)
 
 
 def _cluster_ports(n: int) -> list[int]:
@@ -96,12 +98,13 @@ class RedisCluster:
         for port in self.ports:
             self._start_node(port)
         self._wait(lambda: all(self.node_answers(port) for port in self.ports), timeout)
+        create = [
+            self.cli, "-a", self.password, "--no-auth-warning",
+            "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
+            "--cluster-replicas", "1", "--cluster-yes",
+        ]  # fmt: skip
         subprocess.run(  # noqa: S603  # a fixed binary, our own arguments
-            [
-                self.cli, "-a", self.password, "--no-auth-warning",
-                "--cluster", "create", *(f"127.0.0.1:{port}" for port in self.ports),
-                "--cluster-replicas", "1", "--cluster-yes",
-            ],  # fmt: skip
+            create,
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -173,11 +176,14 @@ class RedisCluster:
 
         def healthy() -> bool:
             try:
-                return all(
-                    self.info(port).get("cluster_state") == "ok"
-                    and self.info(port).get("cluster_known_nodes") == str(NODES)
-                    for port in self._processes
-                ) and len(self.primaries()) == NODES // 2
+                return (
+                    all(
+                        self.info(port).get("cluster_state") == "ok"
+                        and self.info(port).get("cluster_known_nodes") == str(NODES)
+                        for port in self._processes
+                    )
+                    and len(self.primaries()) == NODES // 2
+                )
             except (redis.RedisError, OSError):
                 return False
 

@@ -48,7 +48,9 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeS
         if request.param == "sqlite":
             store = SqliteStore(tmp_path / f"{len(made)}.db", **kw)
         else:
-            url = request.getfixturevalue("cluster_url" if "cluster" in request.param else "redis_url")
+            url = request.getfixturevalue(
+                "cluster_url" if "cluster" in request.param else "redis_url"
+            )
             store = RedisStore(url, prefix=fresh_prefix(), **kw)
         store._caller_clock = True
         made.append(store)
