@@ -76,7 +76,12 @@ class RedisCluster:
             "--dir", str(self._dir),
             "--cluster-enabled", "yes",
             "--cluster-config-file", f"nodes-{port}.conf",
+            "--logfile", f"node-{port}.log",
             "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            # A replica takes over however long ago it last heard its primary, and
+            # syncs at once (not after the default 5 s wait for more replicas).
+            "--cluster-replica-validity-factor", "0",
+            "--repl-diskless-sync-delay", "0",
             "--save", "",
             "--appendonly", "no",
             "--requirepass", self.password,
@@ -171,8 +176,25 @@ class RedisCluster:
             return sorted(found)
         return []
 
+    def owner(self, key: str) -> int:
+        """The port of the primary serving `key`'s slot now."""
+        port = self.primaries()[0]
+        with self.node(port) as client:
+            slot = int(client.execute_command("CLUSTER", "KEYSLOT", key))
+            text = client.execute_command("CLUSTER", "NODES")
+        for line in str(text).splitlines():
+            _, address, flags, _, _, _, _, link, *slots = line.split()
+            if "master" not in flags or "fail" in flags or link != "connected":
+                continue
+            for span in slots:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return int(address.split("@")[0].rsplit(":", 1)[1])
+        raise LookupError(f"no primary serves slot {slot}")
+
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        """Until every running node reports cluster_state:ok and knows every node's role."""
+        """Until every running node reports cluster_state:ok and knows every node, three
+        primaries serve the slots and every replica is in sync with its primary."""
 
         def healthy() -> bool:
             try:
@@ -183,11 +205,22 @@ class RedisCluster:
                         for port in self._processes
                     )
                     and len(self.primaries()) == NODES // 2
+                    and self._replicas_in_sync()
                 )
             except (redis.RedisError, OSError):
                 return False
 
         self._wait(healthy, timeout)
+
+    def _replicas_in_sync(self) -> bool:
+        primaries = set(self.primaries())
+        for port in self._processes:
+            if port in primaries:
+                continue
+            with self.node(port) as client:
+                if client.info("replication").get("master_link_status") != "up":
+                    return False
+        return True
 
     def keys(self, pattern: str) -> list[str]:
         """Every key matching `pattern` on every primary."""
