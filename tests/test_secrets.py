@@ -263,7 +263,7 @@ def test_a_redis_cluster_store_names_no_password_or_credential(cluster_url: str)
         away.admit(store_facts(away), sidestep_policy(), 0.0)
     assert [e["event"] for e in logs] == ["store.unavailable"]
     texts = [json.dumps(logs, default=str), repr(away)]
-    with pytest.raises(ValueError) as refused:
+    with pytest.raises(ValueError, match="Redis Cluster needs") as refused:
         sidestep.RedisStore(f"unix://:{password}@/tmp/r.sock", cluster=True)
     texts.append(str(refused.value))
     assert not [text for text in texts if password in text]
