@@ -4,29 +4,32 @@ It is `_circuit` and `MemoryStore` transcribed, so that processes sharing a
 Redis see exactly what threads sharing a `MemoryStore` see. One script holds
 every operation (``ARGV[1]`` names it), so one SHA is loaded once per server.
 
-Keys, all under the prefix ``P`` (hashes only: no model, path or credential
-is part of a key's name):
+Keys, all under the prefix ``P``, and those of one origin under its base
+``P:{<origin hash>}`` (``B``), whose hash tag puts them in one Redis
+Cluster slot; each call names the origin's base as its one key, which routes
+it there (hashes only: no model, path or credential is part of a key's name):
 
-- ``P:s:<scope_id>`` — one unhealthy scope: a hash of the `Circuit` fields, its
+- ``B:s:<scope_id>`` — one unhealthy scope: a hash of the `Circuit` fields, its
   probe leases and its `ScopeKey` parts (origin, kind, credential
   fingerprint, model) for snapshots;
-- ``P:o:<origin hash>`` — a sorted set of an origin's scopes, scored by when
-  each expires: while it counts none, admission needs no key at all;
-- ``P:f:<origin hash>`` — the sequence number of the last time one of that
-  origin's scopes was forgotten (the staleness rule of healthy tickets);
-- ``P:i`` — every scope, scored by expiry: the cap, snapshots and counts;
-- ``P:seq`` — the generation sequence;
-- ``P:d:<token>`` — an admission given up (its reply was lost), for as long
+- ``B:o`` — a sorted set of the origin's scopes, scored by when each
+  expires: while it counts none, admission needs no key at all;
+- ``B:q`` — the origin's sequence (generations, and the order of its news);
+- ``B:f`` — the step of the sequence at which one of the origin's scopes was
+  last forgotten (the staleness rule of healthy tickets);
+- ``B:d:<token>`` — an admission given up (its reply was lost), for as long
   as its lease: if it reaches the server after the ``drop`` that gave it up,
-  it changes nothing.
+  it changes nothing;
+- ``P:i`` — on one Redis only (the ``index`` argument): every scope as
+  ``<origin hash>:<scope_id>``, scored by expiry, for the store-wide cap and
+  one-call views. Redis Cluster has no key that every call touches: the cap
+  is per origin and the views go origin by origin (``oh`` given).
 
 Each time an origin gains a scope or loses one, the script publishes
-``<origin hash> <1 if it has any left, else 0> <sequence>`` on the channel
-``P:m``: every process's mirror (`_redis_mirror`) follows it.
-
-Key names are built inside the script from ``ARGV``, so it needs a single
-Redis (or a primary with replicas), not Redis Cluster; ``ZRANGE … BYSCORE``
-needs Redis 6.2 or later.
+``<origin hash> <1 if it has any left, else 0> <step of its sequence>`` on
+the channel ``P:m``: every process's mirror (`_redis_mirror`) follows it. On
+Redis Cluster a publish reaches every node. ``ZRANGE … BYSCORE`` needs Redis
+6.2 or later.
 
 Two clocks: windows follow ``now`` — the server's ``TIME`` in seconds, or the
 caller's clock when the private test hook asks for it — and times go back
@@ -34,7 +37,8 @@ relative to it, for the caller to put on its own clock. Expiry, leases and
 the sequence follow the server's real clock in milliseconds, so keys expire
 as Redis sees time pass. Every step of the sequence is at least the
 server's time in milliseconds times 1000, so it never goes back, and a
-generation is never reused, even after its key expired.
+generation is never reused, even after its key expired; sequences of
+different origins compare by that clock.
 """
 
 from __future__ import annotations
