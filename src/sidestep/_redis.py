@@ -51,6 +51,7 @@ from ._redis_mirror import Mirror
 from ._redis_scripts import SCRIPT
 from ._scopes import Fingerprinter, ScopeFacts
 from ._store import DEFAULT_MAX_SCOPES, Admission, MemoryStore, ScopeStatus, Ticket, Transition
+from ._store_config import plain_redis_url
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
@@ -68,7 +69,6 @@ DEFAULT_RETRY_INTERVAL = 1.0
 # Redis errors and socket errors (timeouts included) alike mean "serve from memory for now";
 # so does a cluster none of whose nodes could be reached to learn its layout.
 _UNAVAILABLE = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
-_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # Tried even while Redis is deemed down. A verdict on a ticket Redis issued can
 # only go to Redis (a lost probe verdict would hold its slot until the lease
 # ends), and only requests in flight when it went away have such tickets; an
@@ -160,9 +160,8 @@ class RedisStore:
         mirror: bool = True,
         cluster: bool = False,
     ) -> None:
-        scheme, sep, rest = url.partition("://")
-        if scheme in _CLUSTER_SCHEMES:
-            url, cluster = f"{_CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+        url, named = plain_redis_url(url)
+        cluster = cluster or named
         self._where = display(url)
         for name, value in (("timeout", timeout), ("ttl", ttl), ("probe_lease", probe_lease)):
             if value is not None and not value > 0:
@@ -203,7 +202,7 @@ class RedisStore:
         self._client: redis.Redis | redis.cluster.RedisCluster | None = None
         self._script: Script | None = None
         if cluster:
-            if urlsplit_scheme(url) not in ("redis", "rediss"):
+            if url.partition("://")[0] not in ("redis", "rediss"):
                 raise ValueError(f"Redis Cluster needs a redis:// or rediss:// URL: {self._where}")
             # Built on first use: redis-py's cluster client reads the layout as it is made.
         else:
@@ -582,10 +581,6 @@ def _origins_in(prefix: str, keys: Any) -> Iterator[str]:
         oh = origin_of(prefix, key)
         if oh is not None:
             yield oh
-
-
-def urlsplit_scheme(url: str) -> str:
-    return url.partition("://")[0]
 
 
 def _nothing() -> tuple[Transition, ...]:

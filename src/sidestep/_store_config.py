@@ -25,6 +25,7 @@ __all__ = [
     "SqliteStoreSettings",
     "StoreSettings",
     "build_store",
+    "plain_redis_url",
 ]
 
 # The defaults of `MemoryStore`, `SqliteStore` and `RedisStore`; tests/test_store_config.py
@@ -71,6 +72,18 @@ def _check_redis_url(value: str) -> str:
     if parts.scheme == "unix" and not parts.path:
         raise ValueError("a unix:// Redis URL needs the socket's path")
     return value
+
+
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def plain_redis_url(url: str) -> tuple[str, bool]:
+    """`url` as redis-py reads it, and whether its scheme named a Redis Cluster
+    (``redis+cluster://`` is ``redis://`` to one of the cluster's nodes)."""
+    scheme, sep, rest = url.partition("://")
+    if scheme in _CLUSTER_SCHEMES:
+        return f"{_CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+    return url, False
 
 
 def redis_server(url: str) -> str:
