@@ -91,10 +91,13 @@ def test_keys_of_one_origin_share_a_slot_and_no_key_spans_the_store(
 
 
 def test_snapshot_count_and_clear_reach_every_primary(cluster_url: str) -> None:
-    """The operators' views go origin by origin over every primary: len and snapshot see every open scope, clear finds and forgets one, an unknown id clears nothing."""
-    store = RedisStore(cluster_url, prefix=fresh_prefix())
+    """The operators' views go origin by origin over every primary, from a store whose first call they are: len and snapshot see every open scope, clear finds and forgets one, an unknown id clears nothing."""
+    prefix = fresh_prefix()
+    writer = RedisStore(cluster_url, prefix=prefix)
     for origin in ORIGINS:
-        open_origin(store, origin)
+        open_origin(writer, origin)
+    writer.close()
+    store = RedisStore(cluster_url, prefix=prefix)
     assert len(store) == len(ORIGINS)
     snapshot = store.snapshot(time.monotonic())
     assert sorted(s.scope.origin for s in snapshot) == sorted(ORIGINS)

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -35,17 +34,20 @@ from redis.retry import Retry
 
 from ._classify import Verdict
 from ._failopen import FailOpen
-from ._redis_calls import LIST_ORIGINS, Call, Calls, RedisTicket, Steps, origin_of, origin_pattern
+from ._redis_calls import LIST_ORIGINS, Call, Calls, RedisTicket, Steps
 from ._redis_client import (
     NO_SETINFO,
     NO_SOCKET_TIMEOUTS,
     LoopClient,
     aconnect,
+    ascan_origins,
     bounded,
     connect,
     display,
     keeper,
     on_asyncio,
+    scan_origins,
+    subscription,
 )
 from ._redis_mirror import Mirror
 from ._redis_scripts import SCRIPT
@@ -294,31 +296,18 @@ class RedisStore:
             return self._script
 
     def _subscription(self) -> Any:
-        """A new subscription for the mirror: on Redis Cluster on any node, as a
-        publish reaches every node (a lost node means a new one next time)."""
-        self._sync_script()
-        client = self._client
-        if isinstance(client, redis.cluster.RedisCluster):
-            node = random.choice(client.get_nodes())  # type: ignore[no-untyped-call]  # noqa: S311  # spreading, not secrecy
-            return client.pubsub(node=node, ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
-        assert client is not None
-        return client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+        """A new subscription for the mirror (on Redis Cluster, on any node)."""
+        return subscription(self._sync_script().registered_client)
 
     def _call(self, call: Call) -> Any:
+        script = self._sync_script()
         if call is LIST_ORIGINS:
-            client = self._client
-            pattern = origin_pattern(self._prefix)
-            assert client is not None
-            keys = client.scan_iter(match=pattern, count=1000, _type="zset")
-            return list(dict.fromkeys(_origins_in(self._prefix, keys)))
-        return self._sync_script()(keys=call.keys, args=call.args)
+            return scan_origins(script.registered_client, self._prefix)
+        return script(keys=call.keys, args=call.args)
 
     async def _acall(self, script: AsyncScript, call: Call) -> Any:
         if call is LIST_ORIGINS:
-            client = script.registered_client
-            pattern = origin_pattern(self._prefix)
-            keys = [key async for key in client.scan_iter(match=pattern, count=1000, _type="zset")]
-            return list(dict.fromkeys(_origins_in(self._prefix, keys)))
+            return await ascan_origins(script.registered_client, self._prefix)
         return await script(keys=call.keys, args=call.args)
 
     def _origins(self) -> tuple[int, dict[str, int]]:
@@ -574,13 +563,6 @@ class RedisStore:
         finally:
             if sent < len(groups):
                 self._queue_drops(groups[sent:])
-
-
-def _origins_in(prefix: str, keys: Any) -> Iterator[str]:
-    for key in keys:
-        oh = origin_of(prefix, key)
-        if oh is not None:
-            yield oh
 
 
 def _nothing() -> tuple[Transition, ...]:
