@@ -297,12 +297,13 @@ class RedisStore:
 
     def _subscription(self) -> Any:
         """A new subscription for the mirror (on Redis Cluster, on any node)."""
-        return subscription(self._sync_script().registered_client)
+        self._sync_script()  # on Redis Cluster, makes the client
+        return subscription(self._client)
 
     def _call(self, call: Call) -> Any:
         script = self._sync_script()
         if call is LIST_ORIGINS:
-            return scan_origins(script.registered_client, self._prefix)
+            return scan_origins(self._client, self._prefix)
         return script(keys=call.keys, args=call.args)
 
     async def _acall(self, script: AsyncScript, call: Call) -> Any:
