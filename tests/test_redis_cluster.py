@@ -15,8 +15,11 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 
+import sidestep
+from drivers import route
 from redis_cluster import RedisCluster
 from redis_server import PASSWORD, fresh_prefix
 from sidestep._classify import Kind, Verdict
@@ -25,7 +28,7 @@ from sidestep._redis import RedisStore
 from sidestep._redis_calls import anchor, origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._store_config import StoreSettings, build_store
-from upstream import wait_for
+from upstream import Upstream, wait_for
 
 FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -187,18 +190,30 @@ def test_the_async_methods_run_on_the_cluster(cluster_url: str) -> None:
 
 
 def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
-    redis_cluster: RedisCluster, cluster_url: str
+    redis_cluster: RedisCluster, cluster_url: str, a: Upstream
 ) -> None:
-    """A primary SIGKILLed under traffic: every admission still gets a ticket (the store serves from memory while the cluster fails over), the store goes back to the promoted replica, and then a half-open scope on the moved slot admits exactly half_open_probes of 1000 attempts."""
+    """A primary SIGKILLed under traffic: every admission still gets a ticket and every HTTP request through an async transport answers 200 (the stores serve from memory while the cluster fails over), both go back to the promoted replica, and then a half-open scope on the moved slot admits exactly half_open_probes of 1000 attempts."""
     prefix = fresh_prefix()
     # No mirror: every admission and success is a round trip, so traffic keeps touching the cluster.
     traffic = RedisStore(cluster_url, prefix=prefix, mirror=False, retry_interval=0.05)
-    victim_origin = ORIGINS[0]
+    http_store = RedisStore(cluster_url, prefix=prefix, mirror=False, retry_interval=0.05)
+    victim_origin = "http://" + a.url.split("://", 1)[1].split("/", 1)[0]  # the upstream's
     victim = redis_cluster.owner(anchor(prefix, origin_hash(victim_origin)))
     refused: list[str] = []
     errors: list[BaseException] = []
+    statuses: list[int] = []
     stop = threading.Event()
     served = [0]
+
+    async def requests() -> None:
+        transport = sidestep.AsyncFailoverTransport(route(("a", a.url + "/v1")), store=http_store)
+        async with httpx.AsyncClient(transport=transport, timeout=5) as client:
+            while not stop.is_set():
+                try:
+                    statuses.append((await client.post(a.url + "/v1/x", json={"q": 1})).status_code)
+                except Exception as exc:  # any error is a failed request
+                    errors.append(exc)
+        await http_store.aclose()
 
     def drive(offset: int) -> None:
         i = offset
@@ -216,6 +231,7 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
                 errors.append(exc)
 
     threads = [threading.Thread(target=drive, args=(n * 5,)) for n in range(4)]
+    threads.append(threading.Thread(target=asyncio.run, args=(requests(),)))
     for thread in threads:
         thread.start()
     try:
@@ -223,20 +239,24 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
         redis_cluster.kill(victim)
         killed_at = time.monotonic()
         wait_for(lambda: not traffic.available, timeout=5)  # it noticed, and fails open
+        wait_for(lambda: not http_store.available, timeout=5)
         # The replica takes over (cluster-node-timeout plus an election), and the store is back.
         wait_for(lambda: victim not in redis_cluster.primaries(), timeout=15)
         wait_for(lambda: len(redis_cluster.primaries()) == 3, timeout=15)
         wait_for(lambda: traffic.available, timeout=10)
-        back = served[0]
+        back, sent = served[0], len(statuses)
         wait_for(lambda: served[0] > back + 200 and traffic.available, timeout=10)
+        wait_for(lambda: len(statuses) > sent + 20 and http_store.available, timeout=10)
     finally:
         stop.set()
         for thread in threads:
             thread.join(10)
     assert not errors and not refused
-    assert traffic.fallbacks > 0
+    assert statuses and set(statuses) == {200}
+    assert traffic.fallbacks > 0 and http_store.fallbacks > 0
     assert time.monotonic() - killed_at < 30
     traffic.close()
+    http_store.close()
 
     # The probes of a scope whose slot moved to the promoted replica stay exact.
     store = RedisStore(cluster_url, prefix=prefix, fingerprint_key="k")
