@@ -59,7 +59,7 @@ class RedisCluster:
         self.binary, self.cli = binary, cli
         self.password = password
         self.ports = _cluster_ports(NODES)
-        self.url = f"redis+cluster://:{password}@127.0.0.1:{self.ports[0]}/0"
+        self.url = self.url_for(self.ports[0])
         self._dir = Path(tempfile.mkdtemp(prefix="sidestep-cluster-"))
         self._processes: dict[int, subprocess.Popen[bytes]] = {}
 
@@ -135,6 +135,10 @@ class RedisCluster:
         self.wait_healthy(timeout)
 
     # -- looking at it ------------------------------------------------------------------
+
+    def url_for(self, port: int) -> str:
+        """A ``redis+cluster://`` URL naming the node on `port`."""
+        return f"redis+cluster://:{self.password}@127.0.0.1:{port}/0"
 
     def node(self, port: int, timeout: float = 1.0) -> redis.Redis:
         return redis.Redis(

@@ -235,7 +235,9 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
     for thread in threads:
         thread.start()
     try:
-        wait_for(lambda: served[0] > 200, timeout=10)
+        # Both have met the cluster: the node a URL names must answer a store's first call
+        # (from then on redis-py knows every node).
+        wait_for(lambda: served[0] > 200 and len(statuses) > 20, timeout=10)
         redis_cluster.kill(victim)
         killed_at = time.monotonic()
         wait_for(lambda: not traffic.available, timeout=5)  # it noticed, and fails open
@@ -258,8 +260,10 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
     traffic.close()
     http_store.close()
 
-    # The probes of a scope whose slot moved to the promoted replica stay exact.
-    store = RedisStore(cluster_url, prefix=prefix, fingerprint_key="k")
+    # The probes of a scope whose slot moved to the promoted replica stay exact. A store
+    # made now learns the layout from a node that runs (the URL's may be the one killed).
+    alive = redis_cluster.url_for(redis_cluster.primaries()[0])
+    store = RedisStore(alive, prefix=prefix, fingerprint_key="k")
     assert redis_cluster.owner(anchor(prefix, origin_hash(victim_origin))) != victim
     open_origin(store, victim_origin)
     opened = time.monotonic()
