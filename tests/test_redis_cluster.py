@@ -160,11 +160,13 @@ def test_configuration_names_a_cluster_by_scheme_or_flag(cluster_url: str, how: 
 
 
 def test_cluster_needs_a_tcp_url() -> None:
-    """A unix socket cannot name a cluster node: refused by the settings and by the store."""
+    """A unix socket cannot name a cluster node: refused by the settings and by the store, as is a URL redis-py cannot read (when built, not at first use)."""
     with pytest.raises(ValueError, match="TCP"):
         StoreSettings.model_validate({"redis": {"url": "unix:///tmp/r.sock", "cluster": True}})
     with pytest.raises(ValueError, match="redis:// or rediss://"):
         RedisStore("unix:///tmp/r.sock", cluster=True)
+    with pytest.raises(ValueError, match="not a usable Redis URL"):
+        RedisStore("redis+cluster://127.0.0.1:notaport/0")
 
 
 def test_the_async_methods_run_on_the_cluster(cluster_url: str) -> None:

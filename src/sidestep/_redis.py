@@ -27,6 +27,7 @@ import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
+import redis.connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
@@ -206,7 +207,15 @@ class RedisStore:
         if cluster:
             if url.partition("://")[0] not in ("redis", "rediss"):
                 raise ValueError(f"Redis Cluster needs a redis:// or rediss:// URL: {self._where}")
-            # Built on first use: redis-py's cluster client reads the layout as it is made.
+            # The client is made on first use (redis-py's reads the layout as it is made);
+            # the URL is read now, so a first use never meets an unusable one.
+            try:
+                redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+                usable = True
+            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
+                usable = False
+            if not usable:
+                raise ValueError(f"not a usable Redis URL: {self._where}")
         else:
             client: redis.Redis | None
             try:
