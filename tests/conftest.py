@@ -10,6 +10,7 @@ import pytest
 import structlog
 
 from drivers import KINDS, Driver, MakeDriver
+from redis_cluster import RedisCluster
 from redis_server import RedisMissing, RedisServer
 from sidestep._config import SidestepConfigWarning
 from upstream import Upstream
@@ -108,6 +109,31 @@ def redis_url(redis_server: RedisServer) -> str:
     if not redis_server.running:
         redis_server.start()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster]:
+    """One Redis Cluster (3 primaries, 3 replicas) on 127.0.0.1 for the session."""
+    try:
+        cluster = RedisCluster()
+    except RedisMissing as exc:
+        missing = str(exc)
+    else:
+        missing = ""
+    if missing:
+        pytest.fail(missing, pytrace=False)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster_url(redis_cluster: RedisCluster) -> str:
+    """The session cluster's ``redis+cluster://`` URL (password included), whole again."""
+    redis_cluster.wait_healthy()
+    return redis_cluster.url
 
 
 # --- end of the Redis block ------------------------------------------------------------------

@@ -162,6 +162,21 @@ def test_the_store_findings_and_the_command_it_will_run(
     assert SECRET not in json.dumps(found)
 
 
+def test_online_pings_a_node_of_a_redis_cluster(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    cluster_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A redis+cluster:// store is pinged at the node its URL names: ok while the cluster runs; the password never shows."""
+    monkeypatch.setenv("DOCTOR_REDIS", cluster_url)
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    yaml = 'store: {redis: {url: "${DOCTOR_REDIS}", fingerprint_key: "${DOCTOR_KEY}"}}'
+    _, found, _ = doctor(capsys, tmp_path, yaml, "--online")
+    assert statuses(found, "store") == ["ok"]
+    assert "s3cret-redis-pw" not in json.dumps(found)
+
+
 def test_doctor_never_calls_an_upstream(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, a: Upstream
 ) -> None:

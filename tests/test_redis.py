@@ -42,7 +42,7 @@ from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, FailureRate, Suspensions
 from sidestep._failopen import LocalTicket
 from sidestep._redis import RedisStore
-from sidestep._redis_calls import RedisTicket
+from sidestep._redis_calls import RedisTicket, anchor, origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._sqlite import SqliteStore
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
@@ -103,10 +103,15 @@ def model_scope(store: Any) -> ScopeKey:
     return facts(store).key(ScopeKind.MODEL)
 
 
+def scope_hash(store: RedisStore, key: ScopeKey) -> str:
+    """The name of the hash that holds `key`'s scope (under its origin's hash tag)."""
+    return f"{anchor(store._prefix, origin_hash(key.origin))}:s:{key.scope_id}"
+
+
 def leases(server: RedisServer, store: RedisStore, key: ScopeKey) -> dict[str, float]:
     """The probe leases the server keeps on `key`'s scope: token -> seconds left."""
     with server.client() as client:
-        text = client.hget(f"{store._prefix}:s:{key.scope_id}", "pl") or ""
+        text = client.hget(scope_hash(store, key), "pl") or ""
         seconds, micros = client.time()
     now_ms = seconds * 1000 + micros / 1000
     pairs = (entry.split("=") for entry in text.split(";") if entry)
@@ -518,7 +523,7 @@ def test_an_admission_reaching_redis_after_its_drop_takes_nothing(
     open_scope(store, ONE_PROBE)
     key = model_scope(store)
     monkeypatch.setattr("sidestep._redis_calls._token", lambda keys: "given-up")
-    store._queue_drops([("given-up", "5000", "1", key.scope_id)])
+    store._queue_drops([(origin_hash(key.origin), "given-up", "5000", "1", key.scope_id)])
     store._send_drops()  # the drop overtook its admission
     assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None
     assert leases(redis_server, store, key) == {}
@@ -562,7 +567,7 @@ def test_stores_forked_from_one_parent_never_free_each_others_probes(redis_url: 
     assert process.exitcode == 0
     assert store._hot  # the origin is still known unhealthy: admissions carry their keys
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
-        kept = client.hget(f"{store._prefix}:s:{model_scope(store).scope_id}", "pl") or ""
+        kept = client.hget(scope_hash(store, model_scope(store)), "pl") or ""
     assert [entry.split("=")[0] for entry in kept.split(";")] == [probe.token]
     assert store.admit(facts(store), p, 5.0).ticket is not None  # the child's slot is free
     assert store.admit(facts(store), p, 5.0).ticket is None  # the parent's is still taken
@@ -645,7 +650,7 @@ def test_keys_expire_after_healing_and_all_live_under_the_prefix(redis_server: R
     db3 = redis.Redis.from_url(url, decode_responses=True)
     left = db3.keys("*")
     assert left and all(k.startswith(prefix + ":") for k in left)
-    assert not any(k.startswith(prefix + ":s:") for k in left)  # the healed scope itself is gone
+    assert not any(":s:" in k for k in left)  # the healed scope itself is gone
     wait_for(lambda: not db3.keys("*"), timeout=5)
     one = store.admit(facts(store), p, 20).ticket
     assert one is not None

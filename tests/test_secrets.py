@@ -21,7 +21,8 @@ from otel_capture import captured
 from redis_server import fresh_prefix
 from servers import serve_asgi
 from sidestep._cli import main
-from sidestep._config import SidestepConfigWarning
+from sidestep._config import BreakerPolicy, SidestepConfigWarning
+from sidestep._scopes import ScopeFacts
 from sidestep._suspended import unavailable_body
 from sidestep.metrics import prometheus
 from upstream import Respond, Upstream
@@ -222,3 +223,56 @@ def test_the_sqlite_file_and_its_events_hold_no_secret(tmp_path: Path) -> None:
         sidestep.SqliteStore(hidden / "state.db")  # the directory does not exist: memory
     assert [e["event"] for e in logs] == ["store.unavailable"]
     assert secret not in json.dumps(logs, default=str)
+
+
+def test_a_redis_cluster_store_names_no_password_or_credential(cluster_url: str) -> None:
+    """On a real Redis Cluster no key name or value holds a credential, path or query, and an unreachable cluster's warning, the store's repr and a refused URL never quote the password."""
+    secret = "S3CR3Tcluster0123456789"
+    config = {
+        "breaker": {"failure_threshold": 2},
+        "routes": [{"name": "chat", "targets": [{"name": "p", "url": "https://p.example/v1"}]}],
+    }
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"message": f"bad {request.url}"}})
+
+    prefix = fresh_prefix()
+    store = sidestep.RedisStore(cluster_url, prefix=prefix)
+    transport = sidestep.FailoverTransport(
+        config, transport=httpx.MockTransport(upstream), store=store
+    )
+    with httpx.Client(transport=transport) as client:
+        for _ in range(2):  # the threshold: the scope opens
+            client.get(
+                f"https://u:{secret}@p.example/v1/{secret}?key={secret}",
+                headers={"authorization": f"Bearer {secret}"},
+            )
+    assert store.snapshot(0)  # something was kept, and it is what is checked
+    client_url = cluster_url.replace("redis+cluster://", "redis://")
+    written = []
+    with sidestep.RedisStore(client_url, cluster=True)._sync_script().registered_client as raw:
+        for key in raw.scan_iter(match=f"{prefix}:*"):
+            written.append(key)
+            if raw.type(key) == "hash":
+                written.append(json.dumps(raw.hgetall(key)))
+    assert written and not [text for text in written if secret in text]
+    store.close()
+    password = ADMIN_SECRETS["redis_password"]
+    away = sidestep.RedisStore(f"redis+cluster://:{password}@127.0.0.1:1/0", timeout=0.1)
+    with structlog.testing.capture_logs() as logs:
+        away.admit(store_facts(away), sidestep_policy(), 0.0)
+    assert [e["event"] for e in logs] == ["store.unavailable"]
+    texts = [json.dumps(logs, default=str), repr(away)]
+    with pytest.raises(ValueError, match="Redis Cluster needs") as refused:
+        sidestep.RedisStore(f"unix://:{password}@/tmp/r.sock", cluster=True)
+    texts.append(str(refused.value))
+    assert not [text for text in texts if password in text]
+    away.close()
+
+
+def store_facts(store: sidestep.RedisStore) -> ScopeFacts:
+    return ScopeFacts("https://p.example:443", {}, b"", store.fingerprint)
+
+
+def sidestep_policy() -> BreakerPolicy:
+    return BreakerPolicy()

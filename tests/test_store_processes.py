@@ -1,7 +1,7 @@
 """The stores shared between processes, driven by real processes: probe slots stay exact.
 
-Each test runs on `SqliteStore` over one file and on `RedisStore` over one
-prefix. The processes are spawned; each builds its own store from a spec.
+Each test runs on `SqliteStore` over one file, and on `RedisStore` over one
+prefix of a Redis and of a Redis Cluster. The processes are spawned; each builds its own store from a spec.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ def facts(store: Any) -> ScopeFacts:
     )
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def spec(request: pytest.FixtureRequest, tmp_path: Path) -> Spec:
     if request.param == "sqlite":
         return ("sqlite", {"path": str(tmp_path / "state.db")})
-    url = request.getfixturevalue("redis_url")
+    url = request.getfixturevalue("cluster_url" if "cluster" in request.param else "redis_url")
     return ("redis", {"url": url, "prefix": fresh_prefix(), "fingerprint_key": "shared"})
 
 

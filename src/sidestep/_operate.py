@@ -377,10 +377,12 @@ def _pinger(config: Config) -> Any:
     def ping() -> bool:
         import redis
 
+        from ._store_config import plain_redis_url
+
         options = config.store.options
         try:
             client = redis.Redis.from_url(
-                options.url,  # type: ignore[attr-defined]
+                plain_redis_url(options.url)[0],  # type: ignore[attr-defined]  # one node of a cluster
                 socket_timeout=2.0,
                 socket_connect_timeout=2.0,
             )

@@ -6,15 +6,16 @@ atomically, and the server's clock decides windows. When Redis does not
 answer within ``timeout``, the store serves from a local `MemoryStore` and
 goes back to Redis once it answers again. Only this module imports redis.
 
-It needs Redis 6.2 or later, as one server or a primary with replicas: not
-Redis Cluster, because the script builds its key names from its arguments.
+It needs Redis 6.2 or later: one server, a primary with replicas, or Redis
+Cluster (``cluster=True`` or a ``redis+cluster://`` URL), where every key of
+one origin shares a hash slot and redis-py's `RedisCluster` follows the
+cluster's moves and failovers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import re
 import threading
 from collections.abc import Callable
@@ -24,6 +25,9 @@ import anyio
 import anyio.to_thread
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+import redis.connection
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
@@ -31,22 +35,26 @@ from redis.retry import Retry
 
 from ._classify import Verdict
 from ._failopen import FailOpen
-from ._redis_calls import Call, Calls, RedisTicket, Steps
+from ._redis_calls import LIST_ORIGINS, Call, Calls, RedisTicket, Steps
 from ._redis_client import (
     NO_SETINFO,
     NO_SOCKET_TIMEOUTS,
     LoopClient,
     aconnect,
+    ascan_origins,
     bounded,
     connect,
     display,
     keeper,
     on_asyncio,
+    scan_origins,
+    subscription,
 )
 from ._redis_mirror import Mirror
 from ._redis_scripts import SCRIPT
 from ._scopes import Fingerprinter, ScopeFacts
 from ._store import DEFAULT_MAX_SCOPES, Admission, MemoryStore, ScopeStatus, Ticket, Transition
+from ._store_config import plain_redis_url
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
@@ -61,8 +69,9 @@ DEFAULT_PROBE_LEASE = 60.0
 DEFAULT_TTL = 3600.0
 DEFAULT_RETRY_INTERVAL = 1.0
 
-# Redis errors and socket errors (timeouts included) alike mean "serve from memory for now".
-_UNAVAILABLE = (redis.RedisError, OSError)
+# Redis errors and socket errors (timeouts included) alike mean "serve from memory for now";
+# so does a cluster none of whose nodes could be reached to learn its layout.
+_UNAVAILABLE = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
 # Tried even while Redis is deemed down. A verdict on a ticket Redis issued can
 # only go to Redis (a lost probe verdict would hold its slot until the lease
 # ends), and only requests in flight when it went away have such tickets; an
@@ -89,6 +98,8 @@ class RedisStore:
     Args:
         url: ``redis://[[user]:password@]host[:port][/db]`` (or ``rediss://``,
             ``unix://``); the password never appears in logs, errors or reprs.
+            ``redis+cluster://`` (or ``rediss+cluster://``) names one node of
+            a Redis Cluster, as ``cluster=True`` does.
         prefix: every key lives under ``prefix:``.
         fingerprint_key: the shared secret for credential fingerprints; give
             every process the same one, or credential scopes are not shared.
@@ -108,13 +119,17 @@ class RedisStore:
             scope's failure count, an open scope past its window, an origin's
             bookkeeping): after healing, nothing stays behind longer.
         max_scopes: the most scopes kept; past it the one closest to
-            expiring is forgotten.
+            expiring is forgotten. On Redis Cluster, the most kept per origin
+            (a store-wide count would be a key every call touches).
         retry_interval: while Redis is down, try it again at most this often
             (one caller tries; the others stay on memory until it knows).
         mirror: keep a mirror of the origins with unhealthy scopes, followed
             by pub/sub from a daemon listener thread (started by the first
             admission, stopped by `close`), so that a healthy origin costs no
             round trip. False: no thread, a round trip per admission and verdict.
+        cluster: `url` names a node of a Redis Cluster (redis-py's
+            `RedisCluster` finds the others, follows ``MOVED``/``ASK`` and
+            failovers). Every key of one origin shares a hash slot.
 
     While Redis is unreachable or slow, the store serves from a local
     `MemoryStore`, emits ``store.unavailable`` and counts ``fallbacks``; each
@@ -146,7 +161,10 @@ class RedisStore:
         max_scopes: int = DEFAULT_MAX_SCOPES,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
         mirror: bool = True,
+        cluster: bool = False,
     ) -> None:
+        url, named = plain_redis_url(url)
+        cluster = cluster or named
         self._where = display(url)
         for name, value in (("timeout", timeout), ("ttl", ttl), ("probe_lease", probe_lease)):
             if value is not None and not value > 0:
@@ -160,7 +178,9 @@ class RedisStore:
         self.fingerprint = Fingerprinter(fingerprint_key)
         self._url = url
         self._prefix = prefix
-        self._calls = Calls(prefix, ttl, max_scopes, probe_lease or DEFAULT_PROBE_LEASE)
+        self._cluster = cluster
+        lease = probe_lease or DEFAULT_PROBE_LEASE
+        self._calls = Calls(prefix, ttl, max_scopes, lease, index=not cluster)
         self._timeout = timeout
         self._failopen = FailOpen(
             "redis",
@@ -181,26 +201,41 @@ class RedisStore:
             "protocol": 2,
             **NO_SETINFO,
         }
-        client: redis.Redis | None
-        try:
-            client = redis.Redis.from_url(
-                url, retry=Retry(NoBackoff(), 0), redis_connect_func=connect, **self._options
-            )
-        except Exception:  # no I/O happens here: whatever it is, the URL is unusable
-            client = None
-        if client is None:
-            # Raised outside the handler, so the library's error (which may quote
-            # the URL's password) is not kept as this one's context.
-            raise ValueError(f"not a usable Redis URL: {self._where}")
-        self._client = client
-        self._script: Script = client.register_script(SCRIPT)
-        self._async: dict[asyncio.AbstractEventLoop, LoopClient] = {}
         self._lock = threading.Lock()
+        self._client: redis.Redis | redis.cluster.RedisCluster | None = None
+        self._script: Script | None = None
+        if cluster:
+            if url.partition("://")[0] not in ("redis", "rediss"):
+                raise ValueError(f"Redis Cluster needs a redis:// or rediss:// URL: {self._where}")
+            # The client is made on first use (redis-py's reads the layout as it is made);
+            # the URL is read now, so a first use never meets an unusable one.
+            try:
+                redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+                usable = True
+            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
+                usable = False
+            if not usable:
+                raise ValueError(f"not a usable Redis URL: {self._where}")
+        else:
+            client: redis.Redis | None
+            try:
+                client = redis.Redis.from_url(
+                    url, retry=Retry(NoBackoff(), 0), redis_connect_func=connect, **self._options
+                )
+            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
+                client = None
+            if client is None:
+                # Raised outside the handler, so the library's error (which may quote
+                # the URL's password) is not kept as this one's context.
+                raise ValueError(f"not a usable Redis URL: {self._where}")
+            self._client = client
+            self._script = client.register_script(SCRIPT)
+        self._async: dict[asyncio.AbstractEventLoop, LoopClient] = {}
         self._drops: list[tuple[str, ...]] = []
         self._mirror: Mirror | None = None
         if mirror:
             self._mirror = self._calls.mirror = Mirror(
-                client, f"{prefix}:m", self._origins, retry_interval=retry_interval
+                self._subscription, f"{prefix}:m", self._origins, retry_interval=retry_interval
             )
 
     # Private test hooks and views: windows following the caller's `now` instead of the
@@ -238,7 +273,7 @@ class RedisStore:
 
     def __len__(self) -> int:
         """The scopes kept under the prefix (the local fallback's while Redis is down)."""
-        return int(self._run("count", self._calls.one("count"), self._fallback.__len__))
+        return int(self._run("count", self._calls.count(), self._fallback.__len__))
 
     def close(self) -> None:
         """Stop the mirror's listener and close the sync client's connections (used
@@ -249,11 +284,51 @@ class RedisStore:
         """
         if self._mirror is not None:
             self._mirror.stop()
-        self._client.close()
+        if self._client is not None:
+            self._client.close()
 
-    def _origins(self) -> Any:
-        """The mirror's snapshot: the sequence, and the origins with unhealthy scopes."""
-        return self._script(keys=(), args=self._calls.head("origins", 0.0))
+    # -- the sync client: one Redis, or Redis Cluster ---------------------------------
+
+    def _sync_script(self) -> Script:
+        script = self._script
+        if script is not None:
+            return script
+        with self._lock:
+            if self._script is None:
+                # Redis Cluster: made on first use, as it reads the cluster's layout. No
+                # script on connect: redis-py loads it on every primary at NOSCRIPT.
+                client = redis.cluster.RedisCluster.from_url(
+                    self._url, retry=Retry(NoBackoff(), 1), **self._options
+                )
+                self._client = client
+                self._script = client.register_script(SCRIPT)
+            return self._script
+
+    def _subscription(self) -> Any:
+        """A new subscription for the mirror (on Redis Cluster, on any node)."""
+        self._sync_script()  # on Redis Cluster, makes the client
+        return subscription(self._client)
+
+    def _call(self, call: Call) -> Any:
+        script = self._sync_script()
+        if call is LIST_ORIGINS:
+            return scan_origins(self._client, self._prefix)
+        return script(keys=call.keys, args=call.args)
+
+    async def _acall(self, script: AsyncScript, call: Call) -> Any:
+        if call is LIST_ORIGINS:
+            return await ascan_origins(script.registered_client, self._prefix)
+        return await script(keys=call.keys, args=call.args)
+
+    def _origins(self) -> tuple[int, dict[str, int]]:
+        """The mirror's snapshot: a server's clock, and the origins with unhealthy scopes."""
+        steps = self._calls.origins()
+        call = next(steps)
+        while True:
+            try:
+                call = steps.send(self._call(call))
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
 
     async def aclose(self) -> None:
         """Close the running asyncio event loop's client; the sync client stays open (`close`)."""
@@ -302,7 +377,7 @@ class RedisStore:
         local = self._fallback.clear(scope_id)  # both stores: the local one may hold it too
         if not _SCOPE_ID.fullmatch(scope_id):
             return local
-        return bool(self._run("clear", self._calls.one("clear", scope_id), _false)) or local
+        return bool(self._run("clear", self._calls.clear(scope_id), _false)) or local
 
     async def admit_async(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
@@ -350,10 +425,7 @@ class RedisStore:
         local = self._fallback.clear(scope_id)
         if not _SCOPE_ID.fullmatch(scope_id):
             return local
-        return (
-            bool(await self._run_async("clear", self._calls.one("clear", scope_id), _false))
-            or local
-        )
+        return bool(await self._run_async("clear", self._calls.clear(scope_id), _false)) or local
 
     # -- driving the steps: against Redis, else locally ----------------------------------
 
@@ -366,7 +438,7 @@ class RedisStore:
             try:
                 while True:
                     try:
-                        reply = self._script(keys=(), args=call.args)
+                        reply = self._call(call)
                         self._failopen.answered()
                         call = steps.send(reply)
                     except StopIteration as stop:
@@ -413,7 +485,7 @@ class RedisStore:
         """Drive `steps` against Redis: connecting, the handshake and every round trip."""
         script = await self._async_script()
         while True:
-            reply = await script(keys=(), args=calls[-1].args)
+            reply = await self._acall(script, calls[-1])
             self._failopen.answered()
             try:
                 calls.append(steps.send(reply))
@@ -432,12 +504,20 @@ class RedisStore:
             entry = self._async.get(loop)
             new = entry is None
             if entry is None:
-                client = redis.asyncio.Redis.from_url(
-                    self._url,
-                    retry=AsyncRetry(NoBackoff(), 0),
-                    redis_connect_func=aconnect,
-                    **{**self._options, **NO_SOCKET_TIMEOUTS},
-                )
+                client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+                if self._cluster:
+                    client = redis.asyncio.cluster.RedisCluster.from_url(
+                        self._url,
+                        retry=AsyncRetry(NoBackoff(), 1),
+                        **{**self._options, **NO_SOCKET_TIMEOUTS},
+                    )
+                else:
+                    client = redis.asyncio.Redis.from_url(
+                        self._url,
+                        retry=AsyncRetry(NoBackoff(), 0),
+                        redis_connect_func=aconnect,
+                        **{**self._options, **NO_SOCKET_TIMEOUTS},
+                    )
                 entry = self._async[loop] = LoopClient(
                     client.register_script(SCRIPT), keeper(client)
                 )
@@ -455,43 +535,44 @@ class RedisStore:
             self._drops[:0] = groups
             del self._drops[:-_MAX_DROPS]  # the oldest are left to their leases
 
-    def _take_drops(self) -> tuple[list[tuple[str, ...]], list[str]]:
+    def _take_drops(self) -> list[tuple[str, ...]]:
         with self._lock:
             groups, self._drops = self._drops, []
-        return groups, [*self._calls.head("drop", 0.0), str(len(groups)), *itertools.chain(*groups)]
+        return groups
 
     def _drop_now(self, group: tuple[str, ...]) -> None:
         self._queue_drops([group])
         self._send_drops()
 
     def _send_drops(self) -> None:
-        groups, args = self._take_drops()
-        if not groups:
-            return
+        """Each lost admission's drop, one call each (each goes to its origin's slot)."""
+        groups = self._take_drops()
+        sent = 0
         try:
-            self._script(keys=(), args=args)
+            for group in groups:
+                self._call(self._calls.drop(group))
+                sent += 1
         except _UNAVAILABLE:
-            self._queue_drops(groups)
+            self._queue_drops(groups[sent:])
         except BaseException:
-            self._queue_drops(groups)
+            self._queue_drops(groups[sent:])
             raise
 
     async def _send_drops_async(self) -> None:
-        groups, args = self._take_drops()
-        if not groups:
-            return
-        sent = False
+        groups = self._take_drops()
+        sent = 0
         try:
             # Even while a cancellation unwinds (it may be what lost the reply), briefly.
             with anyio.CancelScope(shield=True), anyio.move_on_after(self._timeout):
                 script = await self._async_script()
-                await script(keys=(), args=args)
-                sent = True
+                for group in groups:
+                    await self._acall(script, self._calls.drop(group))
+                    sent += 1
         except _UNAVAILABLE:
             pass
         finally:
-            if not sent:
-                self._queue_drops(groups)
+            if sent < len(groups):
+                self._queue_drops(groups[sent:])
 
 
 def _nothing() -> tuple[Transition, ...]:

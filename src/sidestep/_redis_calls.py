@@ -28,7 +28,18 @@ if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
     from ._redis_mirror import Mirror
 
-__all__ = ["Call", "Calls", "RedisTicket", "Steps", "ms", "origin_hash"]
+__all__ = [
+    "LIST_ORIGINS",
+    "Call",
+    "Calls",
+    "RedisTicket",
+    "Steps",
+    "anchor",
+    "ms",
+    "origin_hash",
+    "origin_of",
+    "origin_pattern",
+]
 
 T = TypeVar("T")
 
@@ -41,11 +52,25 @@ _MAX_HOT = 1024
 
 @dataclass(frozen=True, slots=True)
 class Call:
-    """One run of the script: its arguments, and for an admission that may take
-    probe slots, the ``drop`` group that gives them back if its reply is lost."""
+    """One run of the script: its arguments, the origin's anchor (the key that
+    tells Redis Cluster which node runs it; none: any node), and for an
+    admission that may take probe slots, the ``drop`` group that gives them
+    back if its reply is lost.
+
+    ``LIST_ORIGINS`` is no script call: it asks the store which origins hold
+    keys, for the views that go origin by origin (its reply: their hashes).
+    """
 
     args: list[str]
     drop: tuple[str, ...] = ()
+    key: str = ""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,) if self.key else ()
+
+
+LIST_ORIGINS = Call([])
 
 
 Steps = Generator[Call, Any, T]
@@ -73,8 +98,13 @@ class RedisTicket(Ticket):
 class Calls:
     """The script calls of one store."""
 
-    def __init__(self, prefix: str, ttl: float, max_scopes: int, lease: float) -> None:
+    def __init__(
+        self, prefix: str, ttl: float, max_scopes: int, lease: float, *, index: bool = True
+    ) -> None:
         self.prefix = prefix
+        # One Redis keeps a store-wide index (the cap over every scope, one-call views);
+        # Redis Cluster has none: no key that every call touches.
+        self.index = index
         self.ttl_ms = ms(ttl)
         self.max = str(max_scopes)
         self.lease_ms = ms(lease)
@@ -131,9 +161,10 @@ class Calls:
         now: float,
     ) -> Call:
         sids = [key.scope_id for key in keys]
+        oh = origin_hash(facts.origin)
         args = [
             *self.head("admit", now),
-            origin_hash(facts.origin),
+            oh,
             str(policy.half_open_probes),
             "1" if policy.enforce else "0",
             lease_ms,
@@ -142,7 +173,8 @@ class Calls:
             *sids,
         ]
         # With keys it may take probe slots: how to give them back if the reply is lost.
-        return Call(args, (token, lease_ms, str(len(sids)), *sids) if sids else ())
+        drop = (oh, token, lease_ms, str(len(sids)), *sids) if sids else ()
+        return Call(args, drop, anchor(self.prefix, oh))
 
     def record(
         self,
@@ -163,8 +195,8 @@ class Calls:
             if ticket.generations is None and not ticket.probes and origin not in self.hot:
                 if self.mirror is not None and self.mirror.healthy(origin):
                     return ()  # the healthy path: no round trip
-                reply = yield Call(self._record_args(ticket, None, now))
-                self._note(origin, reply[1])
+                reply = yield self._record_call(ticket, None, now)
+                self._note(origin, reply[1], int(reply[3]))
                 if reply[0] != _NEED_KEYS:
                     return ()  # the healthy path: nothing kept, nothing to reset
             keys = ticket.facts.keys()
@@ -172,11 +204,11 @@ class Calls:
             keys = verdict_keys(ticket.facts, verdict)
             if not keys and not ticket.probes:
                 return ()
-        args = self._record_args(ticket, keys, now)
+        call = self._record_call(ticket, keys, now)
         if keys:
-            args += _verdict_args(verdict, policy, suspensions)
-        _, sick, changes = yield Call(args)
-        self._note(origin, sick)
+            call.args.extend(_verdict_args(verdict, policy, suspensions))
+        _, sick, changes, seq = yield call
+        self._note(origin, sick, int(seq))
         return _transitions(keys, changes)
 
     def release(self, ticket: RedisTicket) -> Steps[None]:
@@ -184,18 +216,19 @@ class Calls:
             return None
         ticket.done = True
         if ticket.probes:
-            yield Call(self._record_args(ticket, (), 0.0))
+            yield self._record_call(ticket, (), 0.0)
         return None
 
-    def _record_args(
+    def _record_call(
         self, ticket: RedisTicket, keys: Sequence[ScopeKey] | None, now: float
-    ) -> list[str]:
+    ) -> Call:
         """The ticket's part of the record script's arguments; `keys` None asks whether
         the origin is unhealthy, no keys only releases probe slots."""
         gens = ticket.generations or {}
+        oh = origin_hash(ticket.facts.origin)
         args = [
             *self.head("record", now),
-            origin_hash(ticket.facts.origin),
+            oh,
             str(ticket.seq),
             ticket.token,
             str(len(ticket.probes)),
@@ -203,7 +236,7 @@ class Calls:
         for key in ticket.probes:
             args += (key.scope_id, str(gens.get(key, 0)))
         if keys is None:
-            return [*args, "-1"]
+            return Call([*args, "-1"], key=anchor(self.prefix, oh))
         args.append(str(len(keys)))
         for key in keys:
             args += (
@@ -214,12 +247,27 @@ class Calls:
                 key.credential,
                 key.model or key.endpoint,  # one of them, by kind
             )
-        return args
+        return Call(args, key=anchor(self.prefix, oh))
+
+    # -- the views: of the whole store at once, or origin by origin ---------------------
+
+    def _rows(self, op: str, now: float) -> Generator[Call, Any, list[Any]]:
+        """`op`'s replies from every part of the store: with the store-wide index
+        one call, else one call per origin that holds keys."""
+        if self.index:
+            return [(yield Call([*self.head(op, now), ""]))]
+        replies = []
+        for oh in (yield LIST_ORIGINS):
+            replies.append((yield Call([*self.head(op, now), oh], key=anchor(self.prefix, oh))))
+        return replies
+
+    def _scopes(self, now: float) -> Generator[Call, Any, list[Any]]:
+        return [row for reply in (yield from self._rows("snapshot", now)) for row in reply]
 
     def snapshot(self, now: float) -> Steps[list[ScopeStatus]]:
-        rows = yield Call(self.head("snapshot", now))
+        rows = yield from self._scopes(now)
         statuses = []
-        for sid, kind, origin, credential, model, state, reason, failures, retry_in, w in rows:
+        for sid, kind, origin, credential, model, state, reason, failures, retry_in, w, _ in rows:
             s = State(state)
             rel = float(retry_in)
             closed = s is State.CLOSED
@@ -239,8 +287,36 @@ class Calls:
             )
         return statuses
 
-    def one(self, op: str, *args: str) -> Steps[Any]:
-        return (yield Call([*self.head(op, 0.0), *args]))
+    def count(self) -> Steps[int]:
+        return sum(int(n) for n in (yield from self._rows("count", 0.0)))
+
+    def clear(self, scope_id: str) -> Steps[bool]:
+        for row in (yield from self._scopes(0.0)):
+            if row[0] == scope_id:
+                oh = row[-1]
+                cleared = yield Call([*self.head("clear", 0.0), oh, scope_id], key=self.at(oh))
+                return bool(cleared)
+        return False
+
+    def origins(self) -> Steps[tuple[int, dict[str, int]]]:
+        """The mirror's snapshot: the server's clock on the sequence's scale, and the
+        origins with unhealthy scopes, each with its sequence."""
+        # Without the index, the call with no origin still reads a server's clock.
+        floor, sick = 0, dict[str, int]()
+        replies = yield from self._rows("origins", 0.0)
+        if not self.index:
+            replies.append((yield Call([*self.head("origins", 0.0), ""])))
+        for clock, rows in replies:
+            floor = max(floor, int(clock))
+            sick.update((oh, int(seq)) for oh, seq in rows)
+        return floor, sick
+
+    def drop(self, group: tuple[str, ...]) -> Call:
+        """The call that gives back a lost admission's probe slots (its `Call.drop`)."""
+        return Call([*self.head("drop", 0.0), *group], key=self.at(group[0]))
+
+    def at(self, oh: str) -> str:
+        return anchor(self.prefix, oh)
 
     def head(self, op: str, now: float) -> list[str]:
         return [
@@ -250,11 +326,12 @@ class Calls:
             "1" if self.caller_clock else "0",
             self.ttl_ms,
             self.max,
+            "1" if self.index else "0",
         ]
 
     # -- small helpers ------------------------------------------------------------
 
-    def _note(self, origin: str, unhealthy: Any, seq: int | None = None) -> None:
+    def _note(self, origin: str, unhealthy: Any, seq: int) -> None:
         """Remember whether `origin` has unhealthy scopes, for the next admission's shape
         (and the mirror's view, `seq` being the reply's step of the sequence)."""
         if self.mirror is not None:
@@ -334,3 +411,21 @@ def ms(seconds: float) -> str:
 @functools.lru_cache(maxsize=1024)
 def origin_hash(origin: str) -> str:
     return hashlib.blake2b(origin.encode(), digest_size=8).hexdigest()
+
+
+def anchor(prefix: str, oh: str) -> str:
+    """The base of every key of one origin (the script's ``base``): its hash tag puts
+    them all in one slot of Redis Cluster, and as a call's key it routes the call there."""
+    return f"{prefix}:{{{oh}}}"
+
+
+def origin_pattern(prefix: str) -> str:
+    """A SCAN pattern matching each origin's sorted set (``<anchor>:o``), one per origin."""
+    escaped = "".join("\\" + ch if ch in "*?[]\\" else ch for ch in prefix)
+    return f"{escaped}:{{*}}:o"
+
+
+def origin_of(prefix: str, key: str) -> str | None:
+    """The origin hash of a key `origin_pattern` matched, if it is one of ours."""
+    oh = key[len(prefix) + 2 : -3]
+    return oh if len(oh) == 16 and all(c in "0123456789abcdef" for c in oh) else None

@@ -1,5 +1,6 @@
 """Redis connections for `RedisStore`: the handshake, one asyncio client per event loop,
-and a bound on a whole asyncio exchange that never cancels its caller.
+a bound on a whole asyncio exchange that never cancels its caller, and what differs
+on Redis Cluster (where the mirror subscribes, how the origins are found).
 
 Only the Redis modules import redis.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import random
 from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -15,8 +17,11 @@ from urllib.parse import urlsplit
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis.commands.core import AsyncScript
 
+from ._redis_calls import origin_of, origin_pattern
 from ._redis_scripts import SCRIPT
 
 __all__ = [
@@ -24,11 +29,14 @@ __all__ = [
     "NO_SOCKET_TIMEOUTS",
     "LoopClient",
     "aconnect",
+    "ascan_origins",
     "bounded",
     "connect",
     "display",
     "keeper",
     "on_asyncio",
+    "scan_origins",
+    "subscription",
 ]
 
 T = TypeVar("T")
@@ -99,12 +107,42 @@ async def aconnect(connection: Any) -> None:
     await connection.read_response()
 
 
-async def keeper(client: redis.asyncio.Redis) -> AsyncGenerator[None, None]:
+async def keeper(
+    client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster,
+) -> AsyncGenerator[None, None]:
     """Holds `client` until its event loop shuts down its async generators, then closes it."""
     try:
         yield
     finally:
         await client.aclose()
+
+
+def subscription(client: Any) -> Any:
+    """A new pub/sub object for the mirror. On Redis Cluster on any node, picked at
+    random: a publish reaches every node, and after a lost node the next try goes
+    elsewhere."""
+    if isinstance(client, redis.cluster.RedisCluster):
+        node = random.choice(client.get_nodes())  # type: ignore[no-untyped-call]  # noqa: S311  # spreading, not secrecy
+        return client.pubsub(node=node, ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+    return client.pubsub(ignore_subscribe_messages=False)
+
+
+def scan_origins(client: Any, prefix: str) -> list[str]:
+    """The hashes of the origins holding keys under `prefix`: a SCAN of every primary
+    (redis-py's cluster client scans them all) for each origin's sorted set."""
+    keys = client.scan_iter(match=origin_pattern(prefix), count=1000, _type="zset")
+    return _origins_in(prefix, keys)
+
+
+async def ascan_origins(client: Any, prefix: str) -> list[str]:
+    """`scan_origins` on an asyncio client."""
+    scan = client.scan_iter(match=origin_pattern(prefix), count=1000, _type="zset")
+    return _origins_in(prefix, [key async for key in scan])
+
+
+def _origins_in(prefix: str, keys: Any) -> list[str]:
+    found = (origin_of(prefix, key) for key in keys)
+    return list(dict.fromkeys(oh for oh in found if oh is not None))
 
 
 def on_asyncio() -> bool:

@@ -1,7 +1,8 @@
 """A process's mirror of which origins have unhealthy scopes in Redis, kept by pub/sub.
 
 Every change to an origin's set of scopes is published by the script (see
-`_redis_scripts`): ``<origin hash> <1|0> <sequence>``. A listener thread
+`_redis_scripts`): ``<origin hash> <1|0> <sequence>``, the sequence being
+that origin's own (news of one origin is ordered by it). A listener thread
 subscribes, then reads the origins that have unhealthy scopes (a snapshot),
 then applies each message newer than what it knows. While the mirror is
 live, a request to an origin it holds healthy is admitted without a round
@@ -26,6 +27,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -43,10 +45,12 @@ class Mirror:
     """Origins with unhealthy scopes under one prefix, as this process knows them.
 
     Args:
-        client: the sync client (its connection pool gives the subscription
-            its own connection).
+        pubsub: makes a new subscription object (on one Redis, from the sync
+            client's pool; on Redis Cluster, on any node, since a publish
+            reaches every node).
         channel: the channel the script publishes on.
-        snapshot: reads ``(sequence, [origin hash, ...])`` from Redis.
+        snapshot: reads ``(server clock, {origin hash: sequence})`` from Redis:
+            the origins with unhealthy scopes.
         retry_interval: how long to wait before subscribing again after a loss.
         heartbeat: how often an idle subscription is pinged; a ping unanswered
             for as long counts as a lost subscription.
@@ -54,7 +58,7 @@ class Mirror:
 
     def __init__(
         self,
-        client: redis.Redis,
+        pubsub: Callable[[], Any],
         channel: str,
         snapshot: Any,
         *,
@@ -62,9 +66,11 @@ class Mirror:
         heartbeat: float = DEFAULT_HEARTBEAT,
     ) -> None:
         self.live = False  # read on the healthy path without a lock: a plain flag
-        self.seq = 0  # the latest step of the sequence this mirror has applied
-        self._sick: set[str] = set()
-        self._client = client
+        # The latest step of any origin's sequence this mirror knows (they all follow
+        # the servers' clocks): what a ticket admitted without a round trip carries.
+        self.seq = 0
+        self._sick: dict[str, int] = {}  # origin hash: the step it was last seen unhealthy at
+        self._pubsub = pubsub
         self._channel = channel
         self._snapshot = snapshot
         self._retry_interval = retry_interval
@@ -90,15 +96,18 @@ class Mirror:
 
     # -- what replies tell -----------------------------------------------------------------------
 
-    def saw(self, origin: str, unhealthy: bool, seq: int | None = None) -> None:
-        """A reply showed `origin` (un)healthy. Unhealthy counts at once; healthy only
-        from a reply no older than the news applied already (`seq`)."""
+    def saw(self, origin: str, unhealthy: bool, seq: int) -> None:
+        """A reply showed `origin` (un)healthy at step `seq` of its sequence. Unhealthy
+        counts at once; healthy only from a reply no older than the origin's news."""
         oh = origin_hash(origin)
         with self._lock:
             if unhealthy:
-                self._sick.add(oh)
-            elif seq is not None and seq >= self.seq:
-                self._sick.discard(oh)
+                self._sick[oh] = max(seq, self._sick.get(oh, 0))
+            elif seq >= self._sick.get(oh, seq):
+                self._sick.pop(oh, None)
+            # A ticket admitted without a round trip from now on is no older than this
+            # news (what makes a scope forgotten before it stale: see the script's `current`).
+            self.seq = max(self.seq, seq)
 
     # -- the listener -----------------------------------------------------------------------------
 
@@ -123,18 +132,20 @@ class Mirror:
 
     def _listen(self) -> None:
         while not self._stop.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+            pubsub = None
             try:
                 # Whatever broke it, the subscription is lost: subscribe again after
                 # the interval, with a new snapshot.
                 with contextlib.suppress(Exception):
+                    pubsub = self._pubsub()
                     self._follow(pubsub)
             finally:
                 if self.live:
                     self.losses += 1
                 self.live = False
-                with contextlib.suppress(Exception):
-                    pubsub.close()
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
             self._stop.wait(max(self._retry_interval, _MIN_RETRY))
 
     def _follow(self, pubsub: Any) -> None:
@@ -147,10 +158,10 @@ class Mirror:
                 break
             if time.monotonic() > deadline:
                 raise redis.TimeoutError("no subscription")
-        seq, origins = self._snapshot()
+        clock, origins = self._snapshot()
         with self._lock:
-            self._sick = set(origins)
-            self.seq = int(seq)
+            self._sick = dict(origins)
+            self.seq = max([clock, *origins.values()])
             self.live = True
         pinged = answered = time.monotonic()
         while not self._stop.is_set():
@@ -172,9 +183,9 @@ class Mirror:
         seq = int(seq_text)
         with self._lock:
             if unhealthy == "1":
-                self._sick.add(oh)
-            elif seq > self.seq:  # not older than the snapshot, nor than a reply's news
-                self._sick.discard(oh)
+                self._sick[oh] = max(seq, self._sick.get(oh, 0))
+            elif seq > self._sick.get(oh, seq):  # not older than what the snapshot or a reply said
+                self._sick.pop(oh, None)
             self.seq = max(self.seq, seq)
 
     def forked(self) -> None:

@@ -4,29 +4,32 @@ It is `_circuit` and `MemoryStore` transcribed, so that processes sharing a
 Redis see exactly what threads sharing a `MemoryStore` see. One script holds
 every operation (``ARGV[1]`` names it), so one SHA is loaded once per server.
 
-Keys, all under the prefix ``P`` (hashes only: no model, path or credential
-is part of a key's name):
+Keys, all under the prefix ``P``, and those of one origin under its base
+``P:{<origin hash>}`` (``B``), whose hash tag puts them in one Redis
+Cluster slot; each call names the origin's base as its one key, which routes
+it there (hashes only: no model, path or credential is part of a key's name):
 
-- ``P:s:<scope_id>`` — one unhealthy scope: a hash of the `Circuit` fields, its
+- ``B:s:<scope_id>`` — one unhealthy scope: a hash of the `Circuit` fields, its
   probe leases and its `ScopeKey` parts (origin, kind, credential
   fingerprint, model) for snapshots;
-- ``P:o:<origin hash>`` — a sorted set of an origin's scopes, scored by when
-  each expires: while it counts none, admission needs no key at all;
-- ``P:f:<origin hash>`` — the sequence number of the last time one of that
-  origin's scopes was forgotten (the staleness rule of healthy tickets);
-- ``P:i`` — every scope, scored by expiry: the cap, snapshots and counts;
-- ``P:seq`` — the generation sequence;
-- ``P:d:<token>`` — an admission given up (its reply was lost), for as long
+- ``B:o`` — a sorted set of the origin's scopes, scored by when each
+  expires: while it counts none, admission needs no key at all;
+- ``B:q`` — the origin's sequence (generations, and the order of its news);
+- ``B:f`` — the step of the sequence at which one of the origin's scopes was
+  last forgotten (the staleness rule of healthy tickets);
+- ``B:d:<token>`` — an admission given up (its reply was lost), for as long
   as its lease: if it reaches the server after the ``drop`` that gave it up,
-  it changes nothing.
+  it changes nothing;
+- ``P:i`` — on one Redis only (the ``index`` argument): every scope as
+  ``<origin hash>:<scope_id>``, scored by expiry, for the store-wide cap and
+  one-call views. Redis Cluster has no key that every call touches: the cap
+  is per origin and the views go origin by origin (``oh`` given).
 
 Each time an origin gains a scope or loses one, the script publishes
-``<origin hash> <1 if it has any left, else 0> <sequence>`` on the channel
-``P:m``: every process's mirror (`_redis_mirror`) follows it.
-
-Key names are built inside the script from ``ARGV``, so it needs a single
-Redis (or a primary with replicas), not Redis Cluster; ``ZRANGE … BYSCORE``
-needs Redis 6.2 or later.
+``<origin hash> <1 if it has any left, else 0> <step of its sequence>`` on
+the channel ``P:m``: every process's mirror (`_redis_mirror`) follows it. On
+Redis Cluster a publish reaches every node. ``ZRANGE … BYSCORE`` needs Redis
+6.2 or later.
 
 Two clocks: windows follow ``now`` — the server's ``TIME`` in seconds, or the
 caller's clock when the private test hook asks for it — and times go back
@@ -34,7 +37,8 @@ relative to it, for the caller to put on its own clock. Expiry, leases and
 the sequence follow the server's real clock in milliseconds, so keys expire
 as Redis sees time pass. Every step of the sequence is at least the
 server's time in milliseconds times 1000, so it never goes back, and a
-generation is never reused, even after its key expired.
+generation is never reused, even after its key expired; sequences of
+different origins compare by that clock.
 """
 
 from __future__ import annotations
@@ -48,32 +52,44 @@ local function arg() pos = pos + 1; return ARGV[pos] end
 local op, P = arg(), arg()
 local caller_now, caller_clock = tonumber(arg()), arg() == '1'
 local TTL, MAX = tonumber(arg()), tonumber(arg())
+-- The store-wide index (one Redis): the cap counts every scope, and the
+-- operators' views read it in one call. Without it (Redis Cluster) each
+-- origin is capped on its own and those views go origin by origin.
+local IDX = nil
+if arg() == '1' then IDX = P .. ':i' end
 local time = redis.call('TIME')
 local real = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 if caller_clock then now = caller_now end
 
 local INF = math.huge
-local SEQ, IDX = P .. ':seq', P .. ':i'
-local function skey(sid) return P .. ':s:' .. sid end
-local function okey(oh) return P .. ':o:' .. oh end
-local function fkey(oh) return P .. ':f:' .. oh end
-local function dkey(token) return P .. ':d:' .. token end
+-- Every key of one origin starts with its base, whose hash tag puts them in one slot
+-- (`Calls.anchor` names the same base, for Redis Cluster to route the call).
+local function base(oh) return P .. ':{' .. oh .. '}' end
+local function skey(oh, sid) return base(oh) .. ':s:' .. sid end
+local function okey(oh) return base(oh) .. ':o' end
+local function fkey(oh) return base(oh) .. ':f' end
+local function qkey(oh) return base(oh) .. ':q' end
+local function dkey(oh, token) return base(oh) .. ':d:' .. token end
+-- The store-wide index names a scope with its origin: '<origin hash>:<scope id>'.
+local function member(oh, sid) return oh .. ':' .. sid end
+local function split(m) return string.sub(m, 1, 16), string.sub(m, 18) end
 -- Numbers always cross into Redis as text written here: its own conversion
 -- would round large integers.
 local function num(x) return string.format('%.17g', x) end
 local function int(x) return string.format('%d', x) end
 
 -- the sequence -------------------------------------------------------------------
-local function seq()
-  local s = redis.call('GET', SEQ)
+-- Each origin has its own, so no key is touched by every call.
+local function seq(oh)
+  local s = redis.call('GET', qkey(oh))
   if s then return tonumber(s) end
   return real * 1000 - 1
 end
-local function peek() return math.max(seq() + 1, real * 1000) end
-local function bump()
-  local s = peek()
-  redis.call('SET', SEQ, int(s), 'PX', int(TTL))
+local function peek(oh) return math.max(seq(oh) + 1, real * 1000) end
+local function bump(oh)
+  local s = peek(oh)
+  redis.call('SET', qkey(oh), int(s), 'PX', int(TTL))
   return s
 end
 
@@ -100,23 +116,23 @@ end
 local function show_lease(l) return l[1] .. '=' .. l[2] end
 local function show_bucket(b) return int(b[1]) .. ':' .. int(b[2]) .. ':' .. int(b[3]) end
 
-local function load(sid)
-  local v = redis.call('HMGET', skey(sid), 'st', 'f', 'g', 'b', 'r', 'w', 'rs', 'pl', 'rt', 'oh')
+local function load(oh, sid)
+  local v = redis.call('HMGET', skey(oh, sid), 'st', 'f', 'g', 'b', 'r', 'w', 'rs', 'pl', 'rt')
   if not v[1] then return nil end
   return {st = v[1], f = tonumber(v[2]), g = tonumber(v[3]), b = tonumber(v[4]),
           r = tonumber(v[5]), w = tonumber(v[6]), rs = v[7], pl = leases(v[8]),
-          rt = buckets(v[9]), oh = v[10]}
+          rt = buckets(v[9])}
 end
-local function save(sid, c)
-  redis.call('HSET', skey(sid), 'st', c.st, 'f', int(c.f), 'g', int(c.g), 'b', int(c.b),
+local function save(oh, sid, c)
+  redis.call('HSET', skey(oh, sid), 'st', c.st, 'f', int(c.f), 'g', int(c.g), 'b', int(c.b),
              'r', num(c.r), 'w', num(c.w), 'rs', c.rs, 'pl', join(c.pl, show_lease),
              'rt', join(c.rt, show_bucket))
 end
-local function unlease(sid, pl, token)  -- one lease only: a token names one admission
+local function unlease(oh, sid, pl, token)  -- one lease only: a token names one admission
   for i, l in ipairs(pl) do
     if l[1] == token then
       table.remove(pl, i)
-      redis.call('HSET', skey(sid), 'pl', join(pl, show_lease))
+      redis.call('HSET', skey(oh, sid), 'pl', join(pl, show_lease))
       return
     end
   end
@@ -136,18 +152,24 @@ local function retime(key)  -- a sorted set lives as long as its longest-lived m
   if #top == 0 then return end
   if top[2] == 'inf' then redis.call('PERSIST', key) else redis.call('PEXPIREAT', key, top[2]) end
 end
+-- The sorted sets a scope is in: its origin's, and the store-wide index if kept.
+local function sets(oh, sid)
+  local out = {{okey(oh), sid}}
+  if IDX then out[2] = {IDX, member(oh, sid)} end
+  return out
+end
 local function place(sid, oh, life)
   local score = '+inf'
   if life then
-    redis.call('PEXPIRE', skey(sid), int(math.ceil(life)))
+    redis.call('PEXPIRE', skey(oh, sid), int(math.ceil(life)))
     score = int(real + math.ceil(life))
   else
-    redis.call('PERSIST', skey(sid))
+    redis.call('PERSIST', skey(oh, sid))
   end
-  for _, z in ipairs({IDX, okey(oh)}) do
-    redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. int(real))
-    redis.call('ZADD', z, score, sid)
-    retime(z)
+  for _, z in ipairs(sets(oh, sid)) do
+    redis.call('ZREMRANGEBYSCORE', z[1], '-inf', '(' .. int(real))
+    redis.call('ZADD', z[1], score, z[2])
+    retime(z[1])
   end
 end
 local function unhealthy(oh)
@@ -157,26 +179,34 @@ end
 -- Every process's mirror learns that an origin's scopes changed: whether it has
 -- any left, and a step of the sequence that orders the news.
 local function announce(oh)
-  redis.call('PUBLISH', P .. ':m', oh .. ' ' .. unhealthy(oh) .. ' ' .. int(bump()))
+  redis.call('PUBLISH', P .. ':m', oh .. ' ' .. unhealthy(oh) .. ' ' .. int(bump(oh)))
 end
 local function forget(sid, oh)
-  redis.call('DEL', skey(sid))
-  for _, z in ipairs({IDX, okey(oh)}) do
-    redis.call('ZREM', z, sid)
-    retime(z)
+  redis.call('DEL', skey(oh, sid))
+  for _, z in ipairs(sets(oh, sid)) do
+    redis.call('ZREM', z[1], z[2])
+    retime(z[1])
   end
-  local s = int(seq())
-  redis.call('SET', SEQ, s, 'PX', int(TTL))
+  local s = int(seq(oh))
+  redis.call('SET', qkey(oh), s, 'PX', int(TTL))
   redis.call('SET', fkey(oh), s, 'PX', int(TTL))
   announce(oh)
 end
-local function make_room()  -- past the cap, the scope closest to expiring goes
-  redis.call('ZREMRANGEBYSCORE', IDX, '-inf', '(' .. int(real))
-  if redis.call('ZCARD', IDX) < MAX then return end
-  local victim = redis.call('ZRANGE', IDX, 0, 0)[1]
-  bump()
-  local oh = redis.call('HGET', skey(victim), 'oh')
-  if oh then forget(victim, oh) else redis.call('ZREM', IDX, victim) end
+-- Past the cap, the scope closest to expiring goes: of the whole store when it
+-- keeps the index, else of the origin.
+local function make_room(oh)
+  local z = IDX or okey(oh)
+  redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. int(real))
+  if redis.call('ZCARD', z) < MAX then return end
+  local victim = redis.call('ZRANGE', z, 0, 0)[1]
+  local voh, sid = oh, victim
+  if IDX then voh, sid = split(victim) end
+  bump(voh)
+  if redis.call('EXISTS', skey(voh, sid)) == 1 then
+    forget(sid, voh)
+  else
+    redis.call('ZREM', z, victim)
+  end
 end
 -- the state machine (_circuit.py) ----------------------------------------------------------
 local RATE, KIND, REASON, RETRY_AFTER, SLOW, UNAVAILABLE
@@ -279,15 +309,15 @@ if op == 'admit' then
   local sick = unhealthy(oh)
   if n == 0 then
     if sick == 1 then return {1, 0, 1, {}, {}, {}, {}} end
-    return {0, seq(), 0, {}, {}, {}, {}}
+    return {0, seq(oh), 0, {}, {}, {}, {}}
   end
   -- Given up by its sender before it got here (see 'drop'): take nothing.
-  if redis.call('EXISTS', dkey(token)) == 1 then return {3, seq(), sick, {}, {}, {}, {}} end
+  if redis.call('EXISTS', dkey(oh, token)) == 1 then return {3, seq(oh), sick, {}, {}, {}, {}} end
   FLOOR = lease
   local sids, cs, refusal = {}, {}, nil
   for i = 1, n do
     sids[i] = arg()
-    cs[i] = load(sids[i]) or false
+    cs[i] = load(oh, sids[i]) or false
   end
   -- Look first, change later: a refused request must not take probe slots.
   for i = 1, n do
@@ -301,7 +331,7 @@ if op == 'admit' then
       break
     end
   end
-  if refusal and enforce then return {3, seq(), sick, {}, {}, refusal, {}} end
+  if refusal and enforce then return {3, seq(oh), sick, {}, {}, refusal, {}} end
   local gens, probes, changes = {}, {}, {}
   for i = 1, n do
     local c = cs[i]
@@ -310,19 +340,19 @@ if op == 'admit' then
     else
       if not refusal and c.st ~= 'closed' then
         if c.st == 'open' then  -- the window is over: the first probe of a new generation
-          c.g = bump()
+          c.g = bump(oh)
           c.st = 'half_open'
           changes[#changes + 1] = {i, 'half_open', 'open', c.rs, c.f, '0'}
         end
         c.pl[#c.pl + 1] = {token, int(real + lease)}
-        save(sids[i], c)
-        place(sids[i], c.oh, lifetime(c))
+        save(oh, sids[i], c)
+        place(sids[i], oh, lifetime(c))
         probes[#probes + 1] = i
       end
       gens[i] = c.g
     end
   end
-  return {2, seq(), sick, gens, probes, refusal or {}, changes}
+  return {2, seq(oh), sick, gens, probes, refusal or {}, changes}
 end
 
 -- verdicts and releases ----------------------------------------------------------------------
@@ -341,31 +371,31 @@ local function put(key, oh, before, after)
     return
   end
   if not before then
-    make_room()
-    redis.call('HSET', skey(key.sid), 'k', key.kind, 'o', key.origin, 'c', key.credential,
+    make_room(oh)
+    redis.call('HSET', skey(oh, key.sid), 'k', key.kind, 'o', key.origin, 'c', key.credential,
                'm', key.model, 'oh', oh)
   end
-  save(key.sid, after)
+  save(oh, key.sid, after)
   place(key.sid, oh, lifetime(after))
   if not before then announce(oh) end
 end
 
 local function apply(i, key, oh, ticket_seq)
-  local before = load(key.sid)
+  local before = load(oh, key.sid)
   if not current(oh, ticket_seq, key.seen, before) then return nil end
   local c = before
   if not c then
     if KIND == 'success' then return nil end  -- healthy already
-    local g = bump()
+    local g = bump(oh)
     c = copy(fresh(), {g = g, b = g})
   end
-  local gen = peek()
+  local gen = peek(oh)
   local after
   if KIND == 'success' then after = on_success(c)
   elseif KIND == 'failure' then after = on_failure(c, gen)
   else after = on_suspension(c, gen) end
   if after == before then return nil end
-  if after.g == gen or (healthy(after) and c.st ~= 'closed') then bump() end
+  if after.g == gen or (healthy(after) and c.st ~= 'closed') then bump(oh) end
   put(key, oh, before, after)
   local previous = 'closed'
   if before then previous = before.st end
@@ -373,10 +403,10 @@ local function apply(i, key, oh, ticket_seq)
   return {i, after.st, previous, after.rs, after.f, retry_in(after)}
 end
 
-local function release(sid, gen, token)
-  local c = load(sid)
+local function release(oh, sid, gen, token)
+  local c = load(oh, sid)
   if not c or c.g ~= gen or c.st ~= 'half_open' then return end
-  unlease(sid, c.pl, token)
+  unlease(oh, sid, c.pl, token)
 end
 
 if op == 'record' then
@@ -386,7 +416,7 @@ if op == 'record' then
   local n = tonumber(arg())
   if n < 0 then  -- a success admitted on a healthy origin: anything to reset?
     local sick = unhealthy(oh)
-    return {sick, sick, {}}
+    return {sick, sick, {}, seq(oh)}
   end
   local keys = {}
   for i = 1, n do
@@ -413,64 +443,78 @@ if op == 'record' then
     if change then changes[#changes + 1] = change end
   end
   for _, p in ipairs(probes) do
-    if not done[p[1]] then release(p[1], p[2], token) end
+    if not done[p[1]] then release(oh, p[1], p[2], token) end
   end
-  return {2, unhealthy(oh), changes}
+  return {2, unhealthy(oh), changes, seq(oh)}
 end
 
 -- operators ------------------------------------------------------------------------------------
+-- The scopes alive, as {origin hash, scope id}: of one origin, or (oh '') of the
+-- whole store when it keeps the index (none otherwise: Redis Cluster asks origin by origin).
+local function alive(oh)
+  local out = {}
+  if oh ~= '' then
+    for _, sid in ipairs(redis.call('ZRANGE', okey(oh), int(real), '+inf', 'BYSCORE')) do
+      out[#out + 1] = {oh, sid}
+    end
+  elseif IDX then
+    for _, m in ipairs(redis.call('ZRANGE', IDX, int(real), '+inf', 'BYSCORE')) do
+      local moh, sid = split(m)
+      out[#out + 1] = {moh, sid}
+    end
+  end
+  return out
+end
+
 if op == 'snapshot' then
   local out = {}
-  for _, sid in ipairs(redis.call('ZRANGE', IDX, int(real), '+inf', 'BYSCORE')) do
-    local v = redis.call('HMGET', skey(sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f', 'r', 'w')
+  for _, s in ipairs(alive(arg())) do
+    local v = redis.call('HMGET', skey(s[1], s[2]), 'k', 'o', 'c', 'm', 'st', 'rs', 'f', 'r', 'w')
     if v[1] then
-      out[#out + 1] = {sid, v[1], v[2], v[3], v[4], v[5], v[6], tonumber(v[7]),
-                       num(tonumber(v[8]) - now), v[9] or '0'}
+      out[#out + 1] = {s[2], v[1], v[2], v[3], v[4], v[5], v[6], tonumber(v[7]),
+                       num(tonumber(v[8]) - now), v[9] or '0', s[1]}
     end
   end
   return out
 end
 
 if op == 'clear' then
-  local sid = arg()
-  local oh = redis.call('HGET', skey(sid), 'oh')
-  if not oh then return 0 end
-  bump()
+  local oh, sid = arg(), arg()
+  if redis.call('EXISTS', skey(oh, sid)) == 0 then return 0 end
+  bump(oh)
   forget(sid, oh)
   return 1
 end
 
--- Admissions whose reply was lost (a timeout, a cancelled task): their probe
--- leases go at once, and each token is marked so that an admission arriving
--- after its drop takes nothing.
+-- An admission whose reply was lost (a timeout, a cancelled task): its probe
+-- leases go at once, and its token is marked so that, arriving after its
+-- drop, it takes nothing.
 if op == 'drop' then
-  for _ = 1, tonumber(arg()) do
-    local token, lease, n = arg(), arg(), tonumber(arg())
-    redis.call('SET', dkey(token), '1', 'PX', lease)
-    for _ = 1, n do
-      local sid = arg()
-      local pl = redis.call('HGET', skey(sid), 'pl')
-      if pl then unlease(sid, leases(pl), token) end
-    end
+  local oh, token, lease, n = arg(), arg(), arg(), tonumber(arg())
+  redis.call('SET', dkey(oh, token), '1', 'PX', lease)
+  for _ = 1, n do
+    local sid = arg()
+    local pl = redis.call('HGET', skey(oh, sid), 'pl')
+    if pl then unlease(oh, sid, leases(pl), token) end
   end
   return 1
 end
 
--- What a mirror starts from: the origins with unhealthy scopes, and the sequence.
+-- What a mirror starts from: the origins with unhealthy scopes, each with its
+-- sequence, and the server's clock on the sequence's scale.
 if op == 'origins' then
   local seen, out = {}, {}
-  for _, sid in ipairs(redis.call('ZRANGE', IDX, int(real), '+inf', 'BYSCORE')) do
-    local oh = redis.call('HGET', skey(sid), 'oh')
-    if oh and not seen[oh] then
-      seen[oh] = true
-      out[#out + 1] = oh
+  for _, s in ipairs(alive(arg())) do
+    if not seen[s[1]] and redis.call('EXISTS', skey(s[1], s[2])) == 1 then
+      seen[s[1]] = true
+      out[#out + 1] = {s[1], seq(s[1])}
     end
   end
-  return {seq(), out}
+  return {int(real * 1000), out}
 end
 
 if op == 'count' then
-  return redis.call('ZCOUNT', IDX, int(real), '+inf')
+  return #alive(arg())
 end
 
 return redis.error_reply('sidestep: unknown operation')

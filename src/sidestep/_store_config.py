@@ -25,6 +25,7 @@ __all__ = [
     "SqliteStoreSettings",
     "StoreSettings",
     "build_store",
+    "plain_redis_url",
 ]
 
 # The defaults of `MemoryStore`, `SqliteStore` and `RedisStore`; tests/test_store_config.py
@@ -52,7 +53,7 @@ def _count(value: object) -> object:
 _Count = Annotated[int, BeforeValidator(_count), Field(ge=1)]
 _PositiveDuration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
 _NonNegativeDuration = Annotated[float, BeforeValidator(_duration), Field(ge=0)]
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
 def _check_redis_url(value: str) -> str:
@@ -65,10 +66,24 @@ def _check_redis_url(value: str) -> str:
     except ValueError:
         raise ValueError("the Redis URL has a malformed host or port") from None
     if parts.scheme not in _REDIS_SCHEMES:
-        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        raise ValueError(
+            "must be a redis://, rediss://, unix://, redis+cluster:// or rediss+cluster:// URL"
+        )
     if parts.scheme == "unix" and not parts.path:
         raise ValueError("a unix:// Redis URL needs the socket's path")
     return value
+
+
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def plain_redis_url(url: str) -> tuple[str, bool]:
+    """`url` as redis-py reads it, and whether its scheme named a Redis Cluster
+    (``redis+cluster://`` is ``redis://`` to one of the cluster's nodes)."""
+    scheme, sep, rest = url.partition("://")
+    if scheme in _CLUSTER_SCHEMES:
+        return f"{_CLUSTER_SCHEMES[scheme]}{sep}{rest}", True
+    return url, False
 
 
 def redis_server(url: str) -> str:
@@ -119,6 +134,13 @@ class RedisStoreSettings(_Model):
     max_scopes: _Count = _MAX_SCOPES
     retry_interval: _NonNegativeDuration = _REDIS_RETRY_INTERVAL
     mirror: bool = True
+    cluster: bool = False
+
+    @model_validator(mode="after")
+    def _cluster_over_tcp(self) -> RedisStoreSettings:
+        if self.cluster and urlsplit(self.url).scheme == "unix":
+            raise ValueError("Redis Cluster is reached over TCP: a redis:// or rediss:// URL")
+        return self
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for key, value in super().__repr_args__():
