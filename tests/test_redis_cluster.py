@@ -36,6 +36,10 @@ SUSPENSIONS = Suspensions()
 POLICY = BreakerPolicy(failure_threshold=2, cooldown=0.3, max_cooldown=60, half_open_probes=3)
 ORIGINS = [f"https://h{i}.example:443" for i in range(24)]  # over every primary, all but surely
 
+# The first call to a cluster learns its slots and loads the script on a node: on a busy
+# machine that can outlast the store's default timeout, which these tests are not about.
+SLOW_OK = 5.0
+
 
 def facts(store: RedisStore, origin: str = ORIGINS[0], model: str = "m") -> ScopeFacts:
     return ScopeFacts(
@@ -71,7 +75,7 @@ def test_keys_of_one_origin_share_a_slot_and_no_key_spans_the_store(
 ) -> None:
     """Every key of an origin carries its hash tag (one slot, the one the store routes to); the origins spread over the primaries; no store-wide index or sequence key exists."""
     prefix = fresh_prefix()
-    store = RedisStore(cluster_url, prefix=prefix)
+    store = RedisStore(cluster_url, prefix=prefix, timeout=SLOW_OK)
     for origin in ORIGINS:
         open_origin(store, origin)
     keys = redis_cluster.keys(f"{prefix}:*")
@@ -96,11 +100,11 @@ def test_keys_of_one_origin_share_a_slot_and_no_key_spans_the_store(
 def test_snapshot_count_and_clear_reach_every_primary(cluster_url: str) -> None:
     """The operators' views go origin by origin over every primary, from a store whose first call they are: len and snapshot see every open scope, clear finds and forgets one, an unknown id clears nothing."""
     prefix = fresh_prefix()
-    writer = RedisStore(cluster_url, prefix=prefix)
+    writer = RedisStore(cluster_url, prefix=prefix, timeout=SLOW_OK)
     for origin in ORIGINS:
         open_origin(writer, origin)
     writer.close()
-    store = RedisStore(cluster_url, prefix=prefix)
+    store = RedisStore(cluster_url, prefix=prefix, timeout=SLOW_OK)
     assert len(store) == len(ORIGINS)
     snapshot = store.snapshot(time.monotonic())
     assert sorted(s.scope.origin for s in snapshot) == sorted(ORIGINS)
@@ -125,7 +129,10 @@ def test_a_transition_is_published_to_every_node_and_reaches_other_mirrors(
         pubsub = redis_cluster.node(port, timeout=5).pubsub()
         pubsub.subscribe(f"{prefix}:m")
         subscribers.append(pubsub)
-    writer, reader = RedisStore(cluster_url, prefix=prefix), RedisStore(cluster_url, prefix=prefix)
+    writer, reader = (
+        RedisStore(cluster_url, prefix=prefix, timeout=SLOW_OK),
+        RedisStore(cluster_url, prefix=prefix, timeout=SLOW_OK),
+    )
     origin = ORIGINS[3]
     reader.admit(facts(reader, origin), POLICY, time.monotonic())  # starts its listener
     mirror = reader._mirror
@@ -171,7 +178,7 @@ def test_cluster_needs_a_tcp_url() -> None:
 
 def test_the_async_methods_run_on_the_cluster(cluster_url: str) -> None:
     """Under asyncio the store uses redis.asyncio's cluster client: scopes open on several primaries, the snapshot and clear span them, nothing falls back."""
-    store = RedisStore(cluster_url, prefix=fresh_prefix(), mirror=False)
+    store = RedisStore(cluster_url, prefix=fresh_prefix(), mirror=False, timeout=SLOW_OK)
 
     async def main() -> None:
         for origin in ORIGINS[:6]:
@@ -265,7 +272,7 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
     # The probes of a scope whose slot moved to the promoted replica stay exact. A store
     # made now learns the layout from a node that runs (the URL's may be the one killed).
     alive = redis_cluster.url_for(redis_cluster.primaries()[0])
-    store = RedisStore(alive, prefix=prefix, fingerprint_key="k")
+    store = RedisStore(alive, prefix=prefix, fingerprint_key="k", timeout=SLOW_OK)
     assert redis_cluster.owner(anchor(prefix, origin_hash(victim_origin))) != victim
     open_origin(store, victim_origin)
     opened = time.monotonic()

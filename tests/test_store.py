@@ -51,6 +51,9 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[MakeS
             url = request.getfixturevalue(
                 "cluster_url" if "cluster" in request.param else "redis_url"
             )
+            if "cluster" in request.param:
+                # a cluster's first call learns its slots: slow on a busy machine
+                kw.setdefault("timeout", 5.0)
             store = RedisStore(url, prefix=fresh_prefix(), **kw)
         store._caller_clock = True
         made.append(store)
