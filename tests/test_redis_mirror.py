@@ -182,3 +182,33 @@ def test_close_stops_the_listener_and_the_mirror_is_optional(redis_url: str) -> 
     assert plain._mirror is None
     assert not {t for t in threading.enumerate() if t.name == "sidestep-redis-mirror"} - before
     plain.close()
+
+
+def test_close_while_other_threads_admit_leaves_one_listener_at_most(redis_url: str) -> None:
+    """close() while another thread keeps admitting: the closed listener ends at once (the
+    admissions start a new one, as after any close), so one listener at most is left and
+    a second close() ends it."""
+    store = live(RedisStore(redis_url, prefix=fresh_prefix()))
+    done = threading.Event()
+
+    def admit() -> None:
+        for _ in range(100_000):  # bounded; stopped as soon as close() returned
+            if done.is_set():
+                return
+            store.admit(facts(store), P, 0)
+
+    thread = threading.Thread(target=admit)
+    thread.start()
+    try:
+        wait_for(lambda: store._mirror is not None and store._mirror._thread is not None)
+        started = time.monotonic()
+        store.close()
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join()
+    listeners = [t for t in threading.enumerate() if t.name == "sidestep-redis-mirror"]
+    store.close()
+    assert took < 1.0
+    assert len([t for t in listeners if t.is_alive()]) <= 1
+    wait_for(lambda: not any(t.is_alive() for t in listeners))

@@ -106,38 +106,43 @@ class Mirror:
         with self._lock:
             if self._thread is not None and self._pid == os.getpid():
                 return
-            self._stop.clear()
+            # Each listener has its own stop: one still winding down after `stop`
+            # never resumes because a new one started.
+            self._stop = threading.Event()
             self._pid = os.getpid()
             self._thread = threading.Thread(
-                target=self._listen, name="sidestep-redis-mirror", daemon=True
+                target=self._listen, args=(self._stop,), name="sidestep-redis-mirror", daemon=True
             )
             self._thread.start()
 
     def stop(self) -> None:
         """Stop the listener (the next admission starts it again)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        self.live = False
+        with self._lock:
+            self._stop.set()
+            thread, self._thread = self._thread, None
+            self.live = False
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._heartbeat + 1.0)
 
-    def _listen(self) -> None:
-        while not self._stop.is_set():
+    def _listen(self, stop: threading.Event) -> None:
+        while not stop.is_set():
             pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
             try:
                 # Whatever broke it, the subscription is lost: subscribe again after
                 # the interval, with a new snapshot.
                 with contextlib.suppress(Exception):
-                    self._follow(pubsub)
+                    self._follow(pubsub, stop)
             finally:
-                if self.live:
-                    self.losses += 1
-                self.live = False
+                with self._lock:
+                    if not stop.is_set():  # once stopped, the mirror is the next listener's
+                        if self.live:
+                            self.losses += 1
+                        self.live = False
                 with contextlib.suppress(Exception):
                     pubsub.close()
-            self._stop.wait(max(self._retry_interval, _MIN_RETRY))
+            stop.wait(max(self._retry_interval, _MIN_RETRY))
 
-    def _follow(self, pubsub: Any) -> None:
+    def _follow(self, pubsub: Any, stop: threading.Event) -> None:
         """Subscribe, read the snapshot, then apply the news until the subscription is lost."""
         pubsub.subscribe(self._channel)
         deadline = time.monotonic() + self._heartbeat
@@ -149,11 +154,13 @@ class Mirror:
                 raise redis.TimeoutError("no subscription")
         seq, origins = self._snapshot()
         with self._lock:
+            if stop.is_set():
+                return
             self._sick = set(origins)
             self.seq = int(seq)
             self.live = True
         pinged = answered = time.monotonic()
-        while not self._stop.is_set():
+        while not stop.is_set():
             message = pubsub.get_message(timeout=self._heartbeat / 4)
             now = time.monotonic()
             if message is not None:
