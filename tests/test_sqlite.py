@@ -251,3 +251,24 @@ def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
         client.close()
         server.terminate()
         server.wait(30)
+
+
+def test_a_file_deleted_under_running_stores_is_followed_to_the_new_one(tmp_path: Path) -> None:
+    """The file and its WAL deleted while stores use it (a cleaner of temporary files), and a
+    new one made at the path by a store opened since: within `refresh` the running stores use
+    the new file, its fingerprint key included, so no two groups of processes keep circuits
+    apart."""
+    path = tmp_path / "s.db"
+    running = SqliteStore(path, refresh=0)
+    assert running.admit(facts(running), P, 0).ticket is not None  # the file is open
+    for name in ("s.db", "s.db-wal", "s.db-shm"):
+        (tmp_path / name).unlink()
+    restarted = SqliteStore(path, refresh=0)  # a process started since: a new file, a new key
+    open_scope(restarted)
+    refusal = running.admit(facts(running), P, 1).refusal
+    assert refusal is not None and refusal.scope == restarted.snapshot(1)[0].scope
+    credential = {"authorization": "Bearer k1"}
+    assert running.fingerprint(credential, "") == restarted.fingerprint(credential, "")
+    assert running.clear(restarted.snapshot(1)[0].scope_id)
+    assert restarted.admit(facts(restarted), P, 2).ticket is not None
+    assert running.fallbacks == restarted.fallbacks == 0

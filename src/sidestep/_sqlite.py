@@ -195,6 +195,7 @@ class SqliteStore(MemoryStore):
             repeat=False,
         )
         self._conn: sqlite3.Connection | None = None
+        self._file: tuple[int, int] | None = None  # the file the connection opened (device, inode)
         self._orphans: list[sqlite3.Connection] = []  # inherited through fork: never touched
         self._version = -1  # the data_version the view reflects (-1: none yet)
         self._next_poll = 0.0
@@ -202,7 +203,7 @@ class SqliteStore(MemoryStore):
         # wall clock, so fake-clock tests drive every store alike.
         self._caller_clock = False
         super().__init__(max_scopes=max_scopes, fingerprint_key=fingerprint_key)
-        self._adopt_key = fingerprint_key is None  # take the key kept in the file, once open
+        self._adopt_key = fingerprint_key is None  # take the key kept in the file it opens
         self._tx = _Transaction(self)
         self._lock = self._tx  # type: ignore[assignment]  # MemoryStore's steps run in it
         _stores.add(self)
@@ -401,6 +402,11 @@ class SqliteStore(MemoryStore):
             return True  # another thread is at the file: it brings the view up to date
         try:
             conn = self._connection()
+            if sqlite_file.identity(self._path) != self._file:
+                # Deleted or replaced under the store: other processes open the file
+                # now at the path, so this one does too.
+                self._lost(None)
+                conn = self._connection()
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._version:
                 with sqlite_file.immediate(conn, "BEGIN"):
@@ -421,11 +427,12 @@ class SqliteStore(MemoryStore):
         # (one that ended since lets a probe through: that it stays is right).
         forget_before = -math.inf if self._caller_clock else time.time() - self._ttl
         conn = sqlite_file.connect(self._path, self._timeout, forget_before)
+        self._file = sqlite_file.identity(self._path)
         try:
             if self._adopt_key:
-                # Every process on the file shares credential scopes.
+                # Every process on the file shares credential scopes (a file that
+                # replaced the one first opened may keep another key).
                 self.fingerprint._key = sqlite_file.take_key(conn).encode()
-                self._adopt_key = False
         except BaseException:
             conn.close()
             raise
