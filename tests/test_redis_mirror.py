@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from redis_server import DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import Kind, Verdict
@@ -188,6 +189,7 @@ def test_close_while_other_threads_admit_leaves_one_listener_at_most(redis_url: 
     """close() while another thread keeps admitting: the closed listener ends at once (the
     admissions start a new one, as after any close), so one listener at most is left and
     a second close() ends it."""
+    before = set(threading.enumerate())  # other tests' stores may still listen
     store = live(RedisStore(redis_url, prefix=fresh_prefix()))
     done = threading.Event()
 
@@ -207,8 +209,34 @@ def test_close_while_other_threads_admit_leaves_one_listener_at_most(redis_url: 
     finally:
         done.set()
         thread.join()
-    listeners = [t for t in threading.enumerate() if t.name == "sidestep-redis-mirror"]
+    listeners = [
+        t for t in set(threading.enumerate()) - before if t.name == "sidestep-redis-mirror"
+    ]
     store.close()
     assert took < 1.0
     assert len([t for t in listeners if t.is_alive()]) <= 1
     wait_for(lambda: not any(t.is_alive() for t in listeners))
+
+
+def test_while_redis_refuses_writes_the_local_fallback_decides_not_the_mirror() -> None:
+    """Redis out of memory (or a primary demoted to a read-only replica): the subscription
+    stays live but verdicts cannot be written. Admissions then go to the local fallback as
+    with mirror=False, so failures still open the circuit instead of being dropped."""
+    server = RedisServer()
+    server.start()
+    try:
+        store = live(RedisStore(server.url, prefix=fresh_prefix(), retry_interval=3600))
+        admin = redis.Redis.from_url(server.url)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")
+        for _ in range(3):  # the first failure finds Redis refusing; two more open locally
+            ticket = store.admit(facts(store), P, 0).ticket
+            assert ticket is not None
+            store.record(ticket, FAIL, P, Suspensions(), 0)
+        assert store._mirror is not None and store._mirror.live
+        assert not store.available
+        assert store.admit(facts(store), P, 0).ticket is None
+        store.close()
+        admin.close()
+    finally:
+        server.stop()
