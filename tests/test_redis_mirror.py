@@ -3,21 +3,24 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
+import sidestep
 from redis_server import DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._redis import RedisStore
 from sidestep._redis_calls import origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKind
-from upstream import wait_for
+from upstream import Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -240,3 +243,27 @@ def test_while_redis_refuses_writes_the_local_fallback_decides_not_the_mirror() 
         admin.close()
     finally:
         server.stop()
+
+
+def test_clients_built_one_after_another_leave_no_listener_behind(
+    redis_url: str, a: Upstream
+) -> None:
+    """Each transport built from a configuration naming Redis makes its own store, which
+    nobody closes: once such a client is closed and dropped, its store's listener thread
+    ends (and its subscription closes), so clients made one after another add no thread."""
+    before = set(threading.enumerate())  # other tests' stores may still listen
+    config = {
+        "store": {"redis": {"url": redis_url, "prefix": fresh_prefix()}},
+        "routes": [{"name": "r", "targets": [{"name": "a", "url": a.url + "/v1"}]}],
+    }
+    for _ in range(5):
+        with httpx.Client(transport=sidestep.FailoverTransport(config)) as client:
+            assert client.get(a.url + "/v1/x").text == "a"
+    del client
+    gc.collect()
+
+    def listeners() -> int:
+        new = set(threading.enumerate()) - before
+        return sum(t.name == "sidestep-redis-mirror" for t in new)
+
+    wait_for(lambda: listeners() == 0, timeout=5)

@@ -16,7 +16,8 @@ unhealthy is marked so before the caller sees the reply.
 
 The thread is a daemon, started by the first admission (so building a
 store does no I/O), started again in a forked child, and stopped by
-`RedisStore.close`.
+`RedisStore.close`, or once the store is collected: it holds its mirror
+only while it works on it, so a store dropped unclosed takes it along.
 """
 
 from __future__ import annotations
@@ -111,7 +112,10 @@ class Mirror:
             self._stop = threading.Event()
             self._pid = os.getpid()
             self._thread = threading.Thread(
-                target=self._listen, args=(self._stop,), name="sidestep-redis-mirror", daemon=True
+                target=_listen,
+                args=(weakref.ref(self), self._stop),
+                name="sidestep-redis-mirror",
+                daemon=True,
             )
             self._thread.start()
 
@@ -124,55 +128,22 @@ class Mirror:
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._heartbeat + 1.0)
 
-    def _listen(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            pubsub = self._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
-            try:
-                # Whatever broke it, the subscription is lost: subscribe again after
-                # the interval, with a new snapshot.
-                with contextlib.suppress(Exception):
-                    self._follow(pubsub, stop)
-            finally:
-                with self._lock:
-                    if not stop.is_set():  # once stopped, the mirror is the next listener's
-                        if self.live:
-                            self.losses += 1
-                        self.live = False
-                with contextlib.suppress(Exception):
-                    pubsub.close()
-            stop.wait(max(self._retry_interval, _MIN_RETRY))
-
-    def _follow(self, pubsub: Any, stop: threading.Event) -> None:
-        """Subscribe, read the snapshot, then apply the news until the subscription is lost."""
-        pubsub.subscribe(self._channel)
-        deadline = time.monotonic() + self._heartbeat
-        while True:  # the subscription is confirmed before the snapshot is read
-            message = pubsub.get_message(timeout=self._heartbeat)
-            if message is not None and message["type"] == "subscribe":
-                break
-            if time.monotonic() > deadline:
-                raise redis.TimeoutError("no subscription")
-        seq, origins = self._snapshot()
+    def _subscribed(self, stop: threading.Event, seq: Any, origins: Any) -> None:
+        """A snapshot read on a confirmed subscription: the mirror is live."""
         with self._lock:
             if stop.is_set():
                 return
             self._sick = set(origins)
             self.seq = int(seq)
             self.live = True
-        pinged = answered = time.monotonic()
-        while not stop.is_set():
-            message = pubsub.get_message(timeout=self._heartbeat / 4)
-            now = time.monotonic()
-            if message is not None:
-                answered = now
-                if message["type"] == "message":
-                    self._apply(message["data"])
-            if now - answered > self._heartbeat:
-                if pinged <= answered:
-                    pubsub.ping()
-                    pinged = now
-                elif now - pinged > self._heartbeat:
-                    raise redis.TimeoutError("the subscription stopped answering")
+
+    def _lost(self, stop: threading.Event) -> None:
+        """The listener's subscription is gone: not live until the next snapshot."""
+        with self._lock:
+            if not stop.is_set():  # once stopped, the mirror is the next listener's
+                if self.live:
+                    self.losses += 1
+                self.live = False
 
     def _apply(self, data: str) -> None:
         oh, unhealthy, seq_text = data.split(" ")
@@ -189,6 +160,76 @@ class Mirror:
         self._thread = None
         self.live = False
         self._lock = threading.Lock()
+
+
+# The listener holds its mirror only while it works on it, never while it waits: a
+# store dropped without `close` is collected, and its listener ends with it.
+
+
+def _listen(ref: weakref.ref[Mirror], stop: threading.Event) -> None:
+    """Subscribe, follow, and after a loss subscribe again, until stopped or the mirror is gone."""
+    while not stop.is_set():
+        mirror = ref()
+        if mirror is None:
+            return
+        pubsub = mirror._client.pubsub(ignore_subscribe_messages=False)  # type: ignore[no-untyped-call]
+        pause = max(mirror._retry_interval, _MIN_RETRY)
+        del mirror
+        try:
+            # Whatever broke it, the subscription is lost: subscribe again after
+            # the interval, with a new snapshot.
+            with contextlib.suppress(Exception):
+                _follow(ref, pubsub, stop)
+        finally:
+            mirror = ref()
+            if mirror is not None:
+                mirror._lost(stop)
+            del mirror
+            with contextlib.suppress(Exception):
+                pubsub.close()
+        stop.wait(pause)
+
+
+def _follow(ref: weakref.ref[Mirror], pubsub: Any, stop: threading.Event) -> None:
+    """Subscribe, read the snapshot, then apply the news until the subscription is lost."""
+    mirror = ref()
+    if mirror is None:
+        return
+    heartbeat = mirror._heartbeat
+    pubsub.subscribe(mirror._channel)
+    del mirror
+    deadline = time.monotonic() + heartbeat
+    while True:  # the subscription is confirmed before the snapshot is read
+        message = pubsub.get_message(timeout=heartbeat)
+        if message is not None and message["type"] == "subscribe":
+            break
+        if time.monotonic() > deadline:
+            raise redis.TimeoutError("no subscription")
+    mirror = ref()
+    if mirror is None:
+        return
+    mirror._subscribed(stop, *mirror._snapshot())
+    del mirror
+    pinged = answered = time.monotonic()
+    while not stop.is_set():
+        message = pubsub.get_message(timeout=heartbeat / 4)
+        now = time.monotonic()
+        if message is not None:
+            answered = now
+            if message["type"] == "message":
+                mirror = ref()
+                if mirror is None:
+                    return
+                mirror._apply(message["data"])
+                del mirror
+        elif ref() is None:
+            return
+        if now - answered > heartbeat:
+            if pinged <= answered:
+                pubsub.ping()
+                pinged = now
+            elif now - pinged > heartbeat:
+                raise redis.TimeoutError("the subscription stopped answering")
 
 
 _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()
