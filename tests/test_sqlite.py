@@ -272,3 +272,49 @@ def test_a_file_deleted_under_running_stores_is_followed_to_the_new_one(tmp_path
     assert running.clear(restarted.snapshot(1)[0].scope_id)
     assert restarted.admit(facts(restarted), P, 2).ticket is not None
     assert running.fallbacks == restarted.fallbacks == 0
+
+
+_FORKED = """
+import os, sys, time
+from sidestep._sqlite import SqliteStore
+from test_sqlite import P, facts, open_scope
+
+path = sys.argv[1]
+master = SqliteStore(path, refresh=0)  # opened before the fork, as gunicorn --preload does
+master.admit(facts(master), P, 0)
+ready, go = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:
+    worker = master
+    worker.admit(facts(worker), P, 0)  # the worker's own connection
+    os.write(ready[1], b"1")
+    os.read(go[0], 1)
+    open_scope(worker)  # after the master closed its connection
+    os._exit(0)
+os.read(ready[0], 1)
+master.close()
+os.write(go[1], b"1")
+_, status = os.waitpid(pid, 0)
+print(status, sorted(name for name in os.listdir(os.path.dirname(path))))
+"""
+
+
+def test_a_worker_forked_from_a_master_that_opened_the_file_keeps_sharing_it(
+    tmp_path: Path,
+) -> None:
+    """A store opened before fork (gunicorn --preload) and used in the forked worker: when the
+    master closes its connection the WAL stays (the worker holds its own locks), and what the
+    worker writes afterwards reaches a process started later."""
+    path = tmp_path / "s.db"
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", _FORKED, str(path)],
+        env=environment(),
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split("\n")[0] == "0 ['s.db', 's.db-shm', 's.db-wal']"
+    later = SqliteStore(path)
+    assert later.admit(facts(later), P, 0).ticket is None

@@ -118,13 +118,33 @@ class _Transaction:
 _stores: weakref.WeakSet[SqliteStore] = weakref.WeakSet()
 
 
-def _after_fork() -> None:
+_held: list[SqliteStore] = []  # the stores whose file no thread uses across a fork
+
+
+def _before_fork() -> None:
+    # Holding each store's mutex, no statement is under way as the process forks,
+    # so the child can close its copy of the connection cleanly.
     for store in list(_stores):
-        store._forked()
+        if store._tx.mutex.acquire(timeout=store._timeout * 4):
+            _held.append(store)
+
+
+def _after_fork_in_parent() -> None:
+    while _held:
+        _held.pop()._tx.mutex.release()
+
+
+def _after_fork() -> None:
+    held = {id(store) for store in _held}
+    _held.clear()
+    for store in list(_stores):
+        store._forked(idle=id(store) in held)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX only: elsewhere nothing forks
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork
+    )
 
 
 class SqliteStore(MemoryStore):
@@ -491,10 +511,20 @@ class SqliteStore(MemoryStore):
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _forked(self) -> None:
-        """In a child process: the parent's connection is never used (nor closed) here."""
-        if self._conn is not None:
-            self._orphans.append(self._conn)
-        self._conn = None
+    def _forked(self, *, idle: bool) -> None:
+        """In a child process: the parent's connection is never used here.
+
+        An idle one is closed: SQLite keeps what a process knows of a file's locks
+        per file, so while the copy stays open a new connection would believe it
+        holds the parent's locks and take none, and the last other process to close
+        would delete the WAL this child still writes to. One forked mid-statement
+        (its mutex not had in time) is left alone, never closed.
+        """
+        conn, self._conn = self._conn, None
+        if conn is not None and idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+        elif conn is not None:
+            self._orphans.append(conn)
         self._version = -1
         self._tx.mutex = threading.Lock()
