@@ -318,3 +318,18 @@ def test_a_worker_forked_from_a_master_that_opened_the_file_keeps_sharing_it(
     assert done.stdout.split("\n")[0] == "0 ['s.db', 's.db-shm', 's.db-wal']"
     later = SqliteStore(path)
     assert later.admit(facts(later), P, 0).ticket is None
+
+
+def test_a_relative_path_names_the_same_file_after_the_process_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store given a relative path keeps to the file it named when it was made, though the
+    process changes its working directory afterwards (a daemon's chdir)."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    store = SqliteStore("s.db", refresh=0)
+    assert store.admit(facts(store), P, 0).ticket is not None
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    open_scope(SqliteStore(tmp_path / "s.db"))
+    assert store.admit(facts(store), P, 1).ticket is None
+    assert not (tmp_path / "elsewhere" / "s.db").exists()

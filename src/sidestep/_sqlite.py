@@ -200,7 +200,8 @@ class SqliteStore(MemoryStore):
                 raise ValueError(f"{name} must be positive")
         if refresh < 0 or retry_interval < 0 or ttl < 0:
             raise ValueError("refresh, ttl and retry_interval must not be negative")
-        self._path = os.fspath(path)
+        # Absolute: a process that changes its directory later still finds the same file.
+        self._path = os.path.abspath(os.fspath(path))
         self._timeout = timeout
         self._refresh = refresh
         self._ttl = ttl
