@@ -14,6 +14,7 @@ import pytest
 import redis
 
 import sidestep
+import sidestep._redis_mirror
 from redis_server import DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
@@ -267,3 +268,33 @@ def test_clients_built_one_after_another_leave_no_listener_behind(
         return sum(t.name == "sidestep-redis-mirror" for t in new)
 
     wait_for(lambda: listeners() == 0, timeout=5)
+
+
+def test_origins_whose_scopes_expired_do_not_pile_up_in_the_mirror(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope that expires is not announced: its origin stays in the mirror until the mirror
+    outgrows twice its last snapshot, when a new snapshot drops it. Origins that failed once
+    and were never asked about again do not accumulate."""
+    monkeypatch.setattr(sidestep._redis_mirror, "_MIN_BOUND", 8, raising=False)
+    prefix = fresh_prefix()
+    watcher = live(RedisStore(redis_url, prefix=prefix))
+    writer = RedisStore(redis_url, prefix=prefix, ttl=0.2, mirror=False)
+    assert watcher._mirror is not None
+
+    def fail_once(origin: str) -> None:
+        f = ScopeFacts(origin, headers={}, userinfo="", body=b"{}", fingerprint=writer.fingerprint)
+        ticket = writer.admit(f, P, 0).ticket
+        assert ticket is not None
+        writer.record(ticket, FAIL, P, Suspensions(), 0)
+
+    gone = [f"https://gone{i}.example:443" for i in range(20)]
+    for origin in gone:
+        fail_once(origin)
+    wait_for(lambda: len(writer) == 0)  # every scope expired, none announced
+    for i in range(40):
+        fail_once(f"https://new{i}.example:443")
+    wait_for(lambda: origin_hash("https://new39.example:443") in watcher._mirror._sick)
+    assert not {origin_hash(o) for o in gone} & watcher._mirror._sick
+    watcher.close()
+    writer.close()

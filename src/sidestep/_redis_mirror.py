@@ -38,6 +38,9 @@ __all__ = ["Mirror"]
 DEFAULT_HEARTBEAT = 1.0
 # However short the store's retry_interval, a listener that lost Redis does not spin.
 _MIN_RETRY = 0.05
+# A scope that expires is not announced, so its origin stays in the mirror: past
+# twice the last snapshot's size (and at least this many), a new snapshot is read.
+_MIN_BOUND = 1024
 
 
 class Mirror:
@@ -65,6 +68,7 @@ class Mirror:
         self.live = False  # read on the healthy path without a lock: a plain flag
         self.seq = 0  # the latest step of the sequence this mirror has applied
         self._sick: set[str] = set()
+        self._bound = _MIN_BOUND  # past this many origins, read a new snapshot
         self._client = client
         self._channel = channel
         self._snapshot = snapshot
@@ -134,6 +138,7 @@ class Mirror:
             if stop.is_set():
                 return
             self._sick = set(origins)
+            self._bound = max(_MIN_BOUND, 2 * len(self._sick))
             self.seq = int(seq)
             self.live = True
 
@@ -145,7 +150,8 @@ class Mirror:
                     self.losses += 1
                 self.live = False
 
-    def _apply(self, data: str) -> None:
+    def _apply(self, data: str) -> bool:
+        """Apply one piece of news; True when the mirror outgrew its bound."""
         oh, unhealthy, seq_text = data.split(" ")
         seq = int(seq_text)
         with self._lock:
@@ -154,6 +160,7 @@ class Mirror:
             elif seq > self.seq:  # not older than the snapshot, nor than a reply's news
                 self._sick.discard(oh)
             self.seq = max(self.seq, seq)
+            return len(self._sick) > self._bound
 
     def forked(self) -> None:
         """In a forked child the parent's listener does not exist: start afresh on demand."""
@@ -220,7 +227,8 @@ def _follow(ref: weakref.ref[Mirror], pubsub: Any, stop: threading.Event) -> Non
                 mirror = ref()
                 if mirror is None:
                     return
-                mirror._apply(message["data"])
+                if mirror._apply(message["data"]):  # still subscribed: news keeps its order
+                    mirror._subscribed(stop, *mirror._snapshot())
                 del mirror
         elif ref() is None:
             return
