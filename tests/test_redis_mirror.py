@@ -3,20 +3,25 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+import redis
 
+import sidestep
+import sidestep._redis_mirror
 from redis_server import DelayProxy, RedisServer, fresh_prefix
 from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._redis import RedisStore
 from sidestep._redis_calls import origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKind
-from upstream import wait_for
+from upstream import Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -182,3 +187,114 @@ def test_close_stops_the_listener_and_the_mirror_is_optional(redis_url: str) -> 
     assert plain._mirror is None
     assert not {t for t in threading.enumerate() if t.name == "sidestep-redis-mirror"} - before
     plain.close()
+
+
+def test_close_while_other_threads_admit_leaves_one_listener_at_most(redis_url: str) -> None:
+    """close() while another thread keeps admitting: the closed listener ends at once (the
+    admissions start a new one, as after any close), so one listener at most is left and
+    a second close() ends it."""
+    before = set(threading.enumerate())  # other tests' stores may still listen
+    store = live(RedisStore(redis_url, prefix=fresh_prefix()))
+    done = threading.Event()
+
+    def admit() -> None:
+        for _ in range(100_000):  # bounded; stopped as soon as close() returned
+            if done.is_set():
+                return
+            store.admit(facts(store), P, 0)
+
+    thread = threading.Thread(target=admit)
+    thread.start()
+    try:
+        wait_for(lambda: store._mirror is not None and store._mirror._thread is not None)
+        started = time.monotonic()
+        store.close()
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join()
+    listeners = [
+        t for t in set(threading.enumerate()) - before if t.name == "sidestep-redis-mirror"
+    ]
+    store.close()
+    assert took < 1.0
+    assert len([t for t in listeners if t.is_alive()]) <= 1
+    wait_for(lambda: not any(t.is_alive() for t in listeners))
+
+
+def test_while_redis_refuses_writes_the_local_fallback_decides_not_the_mirror() -> None:
+    """Redis out of memory (or a primary demoted to a read-only replica): the subscription
+    stays live but verdicts cannot be written. Admissions then go to the local fallback as
+    with mirror=False, so failures still open the circuit instead of being dropped."""
+    server = RedisServer()
+    server.start()
+    try:
+        store = live(RedisStore(server.url, prefix=fresh_prefix(), retry_interval=3600))
+        admin = redis.Redis.from_url(server.url)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", "1")
+        for _ in range(3):  # the first failure finds Redis refusing; two more open locally
+            ticket = store.admit(facts(store), P, 0).ticket
+            assert ticket is not None
+            store.record(ticket, FAIL, P, Suspensions(), 0)
+        assert store._mirror is not None and store._mirror.live
+        assert not store.available
+        assert store.admit(facts(store), P, 0).ticket is None
+        store.close()
+        admin.close()
+    finally:
+        server.stop()
+
+
+def test_clients_built_one_after_another_leave_no_listener_behind(
+    redis_url: str, a: Upstream
+) -> None:
+    """Each transport built from a configuration naming Redis makes its own store, which
+    nobody closes: once such a client is closed and dropped, its store's listener thread
+    ends (and its subscription closes), so clients made one after another add no thread."""
+    before = set(threading.enumerate())  # other tests' stores may still listen
+    config = {
+        "store": {"redis": {"url": redis_url, "prefix": fresh_prefix()}},
+        "routes": [{"name": "r", "targets": [{"name": "a", "url": a.url + "/v1"}]}],
+    }
+    for _ in range(5):
+        with httpx.Client(transport=sidestep.FailoverTransport(config)) as client:
+            assert client.get(a.url + "/v1/x").text == "a"
+    del client
+
+    def listeners() -> int:
+        gc.collect()  # again each time: a listener may have held its mirror at the last one
+        new = set(threading.enumerate()) - before
+        return sum(t.name == "sidestep-redis-mirror" for t in new)
+
+    wait_for(lambda: listeners() == 0, timeout=5)
+
+
+def test_origins_whose_scopes_expired_do_not_pile_up_in_the_mirror(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope that expires is not announced: its origin stays in the mirror until the mirror
+    outgrows twice its last snapshot, when a new snapshot drops it. Origins that failed once
+    and were never asked about again do not accumulate."""
+    monkeypatch.setattr(sidestep._redis_mirror, "_MIN_BOUND", 8, raising=False)
+    prefix = fresh_prefix()
+    watcher = live(RedisStore(redis_url, prefix=prefix))
+    writer = RedisStore(redis_url, prefix=prefix, ttl=0.2, mirror=False)
+    assert watcher._mirror is not None
+
+    def fail_once(origin: str) -> None:
+        f = ScopeFacts(origin, headers={}, userinfo="", body=b"{}", fingerprint=writer.fingerprint)
+        ticket = writer.admit(f, P, 0).ticket
+        assert ticket is not None
+        writer.record(ticket, FAIL, P, Suspensions(), 0)
+
+    gone = [f"https://gone{i}.example:443" for i in range(20)]
+    for origin in gone:
+        fail_once(origin)
+    wait_for(lambda: len(writer) == 0)  # every scope expired, none announced
+    for i in range(40):
+        fail_once(f"https://new{i}.example:443")
+    wait_for(lambda: origin_hash("https://new39.example:443") in watcher._mirror._sick)
+    assert not {origin_hash(o) for o in gone} & set(watcher._mirror._sick)
+    watcher.close()
+    writer.close()

@@ -6,6 +6,7 @@ and test_store_processes.py; here is what only a file does.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sqlite3
@@ -251,3 +252,97 @@ def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
         client.close()
         server.terminate()
         server.wait(30)
+
+
+def test_a_file_deleted_under_running_stores_is_followed_to_the_new_one(tmp_path: Path) -> None:
+    """The file and its WAL deleted while stores use it (a cleaner of temporary files), and a
+    new one made at the path by a store opened since: within `refresh` the running stores use
+    the new file, its fingerprint key included, so no two groups of processes keep circuits
+    apart."""
+    path = tmp_path / "s.db"
+    running = SqliteStore(path, refresh=0)
+    assert running.admit(facts(running), P, 0).ticket is not None  # the file is open
+    for name in ("s.db", "s.db-wal", "s.db-shm"):
+        (tmp_path / name).unlink()
+    restarted = SqliteStore(path, refresh=0)  # a process started since: a new file, a new key
+    open_scope(restarted)
+    refusal = running.admit(facts(running), P, 1).refusal
+    assert refusal is not None and refusal.scope == restarted.snapshot(1)[0].scope
+    credential = {"authorization": "Bearer k1"}
+    assert running.fingerprint(credential, "") == restarted.fingerprint(credential, "")
+    assert running.clear(restarted.snapshot(1)[0].scope_id)
+    assert restarted.admit(facts(restarted), P, 2).ticket is not None
+    assert running.fallbacks == restarted.fallbacks == 0
+
+
+_FORKED = """
+import os, sys, time
+from sidestep._sqlite import SqliteStore
+from test_sqlite import P, facts, open_scope
+
+path = sys.argv[1]
+master = SqliteStore(path, refresh=0)  # opened before the fork, as gunicorn --preload does
+master.admit(facts(master), P, 0)
+ready, go = os.pipe(), os.pipe()
+pid = os.fork()
+if pid == 0:
+    worker = master
+    worker.admit(facts(worker), P, 0)  # the worker's own connection
+    os.write(ready[1], b"1")
+    os.read(go[0], 1)
+    open_scope(worker)  # after the master closed its connection
+    os._exit(0)
+os.read(ready[0], 1)
+master.close()
+os.write(go[1], b"1")
+_, status = os.waitpid(pid, 0)
+print(status, sorted(name for name in os.listdir(os.path.dirname(path))))
+"""
+
+
+def test_a_worker_forked_from_a_master_that_opened_the_file_keeps_sharing_it(
+    tmp_path: Path,
+) -> None:
+    """A store opened before fork (gunicorn --preload) and used in the forked worker: when the
+    master closes its connection the WAL stays (the worker holds its own locks), and what the
+    worker writes afterwards reaches a process started later."""
+    path = tmp_path / "s.db"
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", _FORKED, str(path)],
+        env=environment(),
+        cwd=TESTS,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split("\n")[0] == "0 ['s.db', 's.db-shm', 's.db-wal']"
+    later = SqliteStore(path)
+    assert later.admit(facts(later), P, 0).ticket is None
+
+
+def test_a_relative_path_names_the_same_file_after_the_process_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store given a relative path keeps to the file it named when it was made, though the
+    process changes its working directory afterwards (a daemon's chdir)."""
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    store = SqliteStore("s.db", refresh=0)
+    assert store.admit(facts(store), P, 0).ticket is not None
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    open_scope(SqliteStore(tmp_path / "s.db"))
+    assert store.admit(facts(store), P, 1).ticket is None
+    assert not (tmp_path / "elsewhere" / "s.db").exists()
+
+
+def test_a_store_dropped_unclosed_closes_its_file(tmp_path: Path) -> None:
+    """A SqliteStore the program drops without close() closes its connection when collected, rather than leave it (and a ResourceWarning) to the collector."""
+    store = SqliteStore(tmp_path / "state.db")
+    conn = store._conn
+    assert conn is not None
+    conn.execute("SELECT 1")  # open
+    del store
+    gc.collect()
+    with pytest.raises(sqlite3.ProgrammingError, match="closed"):
+        conn.execute("SELECT 1")

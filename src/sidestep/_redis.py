@@ -344,7 +344,7 @@ class RedisStore:
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
-        steps = self._calls.admit(facts, policy, now, lease)
+        steps = self._calls.admit(facts, policy, now, lease, vouch=not self._failopen.down)
         return self._run(
             "admit", steps, functools.partial(self._failopen.admit, facts, policy, now)
         )
@@ -384,7 +384,7 @@ class RedisStore:
     ) -> Admission:
         if not on_asyncio():
             return await anyio.to_thread.run_sync(self.admit, facts, policy, now, lease)
-        steps = self._calls.admit(facts, policy, now, lease)
+        steps = self._calls.admit(facts, policy, now, lease, vouch=not self._failopen.down)
         return await self._run_async(
             "admit", steps, functools.partial(self._failopen.admit, facts, policy, now)
         )

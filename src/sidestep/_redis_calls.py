@@ -114,14 +114,22 @@ class Calls:
         self.mirror: Mirror | None = None  # set by a store that keeps one
 
     def admit(
-        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None
+        self,
+        facts: ScopeFacts,
+        policy: BreakerPolicy,
+        now: float,
+        lease: float | None,
+        *,
+        vouch: bool = True,
     ) -> Steps[Admission]:
         # An origin last seen healthy is asked about first without keys, so the
         # healthy path never parses a body or hashes a credential; one seen
         # unhealthy sends its keys at once. Either way: one round trip, unless
         # the origin changed since this process last looked.
+        # The mirror vouches for what Redis holds, so not while Redis fails (`vouch`
+        # False): the local fallback, which counts those failures, decides then.
         mirror = self.mirror
-        if mirror is not None and mirror.healthy(facts.origin):
+        if vouch and mirror is not None and mirror.healthy(facts.origin):
             return Admission(RedisTicket(facts, mirror.seq))  # no round trip
         lease_ms = self.lease_ms if lease is None else ms(lease)
         keys = facts.keys() if facts.origin in self.hot else ()

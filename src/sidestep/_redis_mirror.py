@@ -17,7 +17,8 @@ unhealthy is marked so before the caller sees the reply.
 
 The thread is a daemon, started by the first admission (so building a
 store does no I/O), started again in a forked child, and stopped by
-`RedisStore.close`.
+`RedisStore.close`, or once the store is collected: it holds its mirror
+only while it works on it, so a store dropped unclosed takes it along.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ __all__ = ["Mirror"]
 DEFAULT_HEARTBEAT = 1.0
 # However short the store's retry_interval, a listener that lost Redis does not spin.
 _MIN_RETRY = 0.05
+# A scope that expires is not announced, so its origin stays in the mirror: past
+# twice the last snapshot's size (and at least this many), a new snapshot is read.
+_MIN_BOUND = 1024
 
 
 class Mirror:
@@ -70,6 +74,7 @@ class Mirror:
         # the servers' clocks): what a ticket admitted without a round trip carries.
         self.seq = 0
         self._sick: dict[str, int] = {}  # origin hash: the step it was last seen unhealthy at
+        self._bound = _MIN_BOUND  # past this many origins, read a new snapshot
         self._pubsub = pubsub
         self._channel = channel
         self._snapshot = snapshot
@@ -115,70 +120,47 @@ class Mirror:
         with self._lock:
             if self._thread is not None and self._pid == os.getpid():
                 return
-            self._stop.clear()
+            # Each listener has its own stop: one still winding down after `stop`
+            # never resumes because a new one started.
+            self._stop = threading.Event()
             self._pid = os.getpid()
             self._thread = threading.Thread(
-                target=self._listen, name="sidestep-redis-mirror", daemon=True
+                target=_listen,
+                args=(weakref.ref(self), self._stop),
+                name="sidestep-redis-mirror",
+                daemon=True,
             )
             self._thread.start()
 
     def stop(self) -> None:
         """Stop the listener (the next admission starts it again)."""
-        self._stop.set()
-        thread, self._thread = self._thread, None
-        self.live = False
+        with self._lock:
+            self._stop.set()
+            thread, self._thread = self._thread, None
+            self.live = False
         if thread is not None and thread is not threading.current_thread():
             thread.join(self._heartbeat + 1.0)
 
-    def _listen(self) -> None:
-        while not self._stop.is_set():
-            pubsub = None
-            try:
-                # Whatever broke it, the subscription is lost: subscribe again after
-                # the interval, with a new snapshot.
-                with contextlib.suppress(Exception):
-                    pubsub = self._pubsub()
-                    self._follow(pubsub)
-            finally:
+    def _subscribed(self, stop: threading.Event, clock: Any, origins: Any) -> None:
+        """A snapshot read on a confirmed subscription: the mirror is live."""
+        with self._lock:
+            if stop.is_set():
+                return
+            self._sick = dict(origins)
+            self._bound = max(_MIN_BOUND, 2 * len(self._sick))
+            self.seq = max([int(clock), *self._sick.values()])
+            self.live = True
+
+    def _lost(self, stop: threading.Event) -> None:
+        """The listener's subscription is gone: not live until the next snapshot."""
+        with self._lock:
+            if not stop.is_set():  # once stopped, the mirror is the next listener's
                 if self.live:
                     self.losses += 1
                 self.live = False
-                if pubsub is not None:
-                    with contextlib.suppress(Exception):
-                        pubsub.close()
-            self._stop.wait(max(self._retry_interval, _MIN_RETRY))
 
-    def _follow(self, pubsub: Any) -> None:
-        """Subscribe, read the snapshot, then apply the news until the subscription is lost."""
-        pubsub.subscribe(self._channel)
-        deadline = time.monotonic() + self._heartbeat
-        while True:  # the subscription is confirmed before the snapshot is read
-            message = pubsub.get_message(timeout=self._heartbeat)
-            if message is not None and message["type"] == "subscribe":
-                break
-            if time.monotonic() > deadline:
-                raise redis.TimeoutError("no subscription")
-        clock, origins = self._snapshot()
-        with self._lock:
-            self._sick = dict(origins)
-            self.seq = max([clock, *origins.values()])
-            self.live = True
-        pinged = answered = time.monotonic()
-        while not self._stop.is_set():
-            message = pubsub.get_message(timeout=self._heartbeat / 4)
-            now = time.monotonic()
-            if message is not None:
-                answered = now
-                if message["type"] == "message":
-                    self._apply(message["data"])
-            if now - answered > self._heartbeat:
-                if pinged <= answered:
-                    pubsub.ping()
-                    pinged = now
-                elif now - pinged > self._heartbeat:
-                    raise redis.TimeoutError("the subscription stopped answering")
-
-    def _apply(self, data: str) -> None:
+    def _apply(self, data: str) -> bool:
+        """Apply one piece of news; True when the mirror outgrew its bound."""
         oh, unhealthy, seq_text = data.split(" ")
         seq = int(seq_text)
         with self._lock:
@@ -187,12 +169,88 @@ class Mirror:
             elif seq > self._sick.get(oh, seq):  # not older than what the snapshot or a reply said
                 self._sick.pop(oh, None)
             self.seq = max(self.seq, seq)
+            return len(self._sick) > self._bound
 
     def forked(self) -> None:
         """In a forked child the parent's listener does not exist: start afresh on demand."""
         self._thread = None
         self.live = False
         self._lock = threading.Lock()
+
+
+# The listener holds its mirror only while it works on it, never while it waits: a
+# store dropped without `close` is collected, and its listener ends with it.
+
+
+def _listen(ref: weakref.ref[Mirror], stop: threading.Event) -> None:
+    """Subscribe, follow, and after a loss subscribe again, until stopped or the mirror is gone."""
+    while not stop.is_set():
+        mirror = ref()
+        if mirror is None:
+            return
+        pause = max(mirror._retry_interval, _MIN_RETRY)
+        pubsub = None
+        with contextlib.suppress(Exception):  # no node to subscribe on: try again later
+            pubsub = mirror._pubsub()
+        del mirror  # (its factory may hold the store: nothing of it is kept while waiting)
+        try:
+            # Whatever broke it, the subscription is lost: subscribe again after
+            # the interval, with a new snapshot.
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    _follow(ref, pubsub, stop)
+        finally:
+            mirror = ref()
+            if mirror is not None:
+                mirror._lost(stop)
+            del mirror
+            if pubsub is not None:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+        stop.wait(pause)
+
+
+def _follow(ref: weakref.ref[Mirror], pubsub: Any, stop: threading.Event) -> None:
+    """Subscribe, read the snapshot, then apply the news until the subscription is lost."""
+    mirror = ref()
+    if mirror is None:
+        return
+    heartbeat = mirror._heartbeat
+    pubsub.subscribe(mirror._channel)
+    del mirror
+    deadline = time.monotonic() + heartbeat
+    while True:  # the subscription is confirmed before the snapshot is read
+        message = pubsub.get_message(timeout=heartbeat)
+        if message is not None and message["type"] == "subscribe":
+            break
+        if time.monotonic() > deadline:
+            raise redis.TimeoutError("no subscription")
+    mirror = ref()
+    if mirror is None:
+        return
+    mirror._subscribed(stop, *mirror._snapshot())
+    del mirror
+    pinged = answered = time.monotonic()
+    while not stop.is_set():
+        message = pubsub.get_message(timeout=heartbeat / 4)
+        now = time.monotonic()
+        if message is not None:
+            answered = now
+            if message["type"] == "message":
+                mirror = ref()
+                if mirror is None:
+                    return
+                if mirror._apply(message["data"]):  # still subscribed: news keeps its order
+                    mirror._subscribed(stop, *mirror._snapshot())
+                del mirror
+        elif ref() is None:
+            return
+        if now - answered > heartbeat:
+            if pinged <= answered:
+                pubsub.ping()
+                pinged = now
+            elif now - pinged > heartbeat:
+                raise redis.TimeoutError("the subscription stopped answering")
 
 
 _mirrors: weakref.WeakSet[Mirror] = weakref.WeakSet()

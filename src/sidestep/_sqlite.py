@@ -118,13 +118,33 @@ class _Transaction:
 _stores: weakref.WeakSet[SqliteStore] = weakref.WeakSet()
 
 
-def _after_fork() -> None:
+_held: list[SqliteStore] = []  # the stores whose file no thread uses across a fork
+
+
+def _before_fork() -> None:
+    # Holding each store's mutex, no statement is under way as the process forks,
+    # so the child can close its copy of the connection cleanly.
     for store in list(_stores):
-        store._forked()
+        if store._tx.mutex.acquire(timeout=store._timeout * 4):
+            _held.append(store)
+
+
+def _after_fork_in_parent() -> None:
+    while _held:
+        _held.pop()._tx.mutex.release()
+
+
+def _after_fork() -> None:
+    held = {id(store) for store in _held}
+    _held.clear()
+    for store in list(_stores):
+        store._forked(idle=id(store) in held)
 
 
 if hasattr(os, "register_at_fork"):  # POSIX only: elsewhere nothing forks
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(
+        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork
+    )
 
 
 class SqliteStore(MemoryStore):
@@ -180,7 +200,8 @@ class SqliteStore(MemoryStore):
                 raise ValueError(f"{name} must be positive")
         if refresh < 0 or retry_interval < 0 or ttl < 0:
             raise ValueError("refresh, ttl and retry_interval must not be negative")
-        self._path = os.fspath(path)
+        # Absolute: a process that changes its directory later still finds the same file.
+        self._path = os.path.abspath(os.fspath(path))
         self._timeout = timeout
         self._refresh = refresh
         self._ttl = ttl
@@ -195,6 +216,11 @@ class SqliteStore(MemoryStore):
             repeat=False,
         )
         self._conn: sqlite3.Connection | None = None
+        # The connection open now, closed when the store is collected unclosed (an
+        # open connection left to the collector is a ResourceWarning, and a handle).
+        self._held: list[sqlite3.Connection | None] = [None]
+        weakref.finalize(self, _close_held, self._held)
+        self._file: tuple[int, int] | None = None  # the file the connection opened (device, inode)
         self._orphans: list[sqlite3.Connection] = []  # inherited through fork: never touched
         self._version = -1  # the data_version the view reflects (-1: none yet)
         self._next_poll = 0.0
@@ -202,7 +228,7 @@ class SqliteStore(MemoryStore):
         # wall clock, so fake-clock tests drive every store alike.
         self._caller_clock = False
         super().__init__(max_scopes=max_scopes, fingerprint_key=fingerprint_key)
-        self._adopt_key = fingerprint_key is None  # take the key kept in the file, once open
+        self._adopt_key = fingerprint_key is None  # take the key kept in the file it opens
         self._tx = _Transaction(self)
         self._lock = self._tx  # type: ignore[assignment]  # MemoryStore's steps run in it
         _stores.add(self)
@@ -401,6 +427,11 @@ class SqliteStore(MemoryStore):
             return True  # another thread is at the file: it brings the view up to date
         try:
             conn = self._connection()
+            if sqlite_file.identity(self._path) != self._file:
+                # Deleted or replaced under the store: other processes open the file
+                # now at the path, so this one does too.
+                self._lost(None)
+                conn = self._connection()
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             if version != self._version:
                 with sqlite_file.immediate(conn, "BEGIN"):
@@ -421,15 +452,16 @@ class SqliteStore(MemoryStore):
         # (one that ended since lets a probe through: that it stays is right).
         forget_before = -math.inf if self._caller_clock else time.time() - self._ttl
         conn = sqlite_file.connect(self._path, self._timeout, forget_before)
+        self._file = sqlite_file.identity(self._path)
         try:
             if self._adopt_key:
-                # Every process on the file shares credential scopes.
+                # Every process on the file shares credential scopes (a file that
+                # replaced the one first opened may keep another key).
                 self.fingerprint._key = sqlite_file.take_key(conn).encode()
-                self._adopt_key = False
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
+        self._conn = self._held[0] = conn
         self._version = -1
         return conn
 
@@ -484,10 +516,29 @@ class SqliteStore(MemoryStore):
             with contextlib.suppress(Exception):
                 conn.close()
 
-    def _forked(self) -> None:
-        """In a child process: the parent's connection is never used (nor closed) here."""
-        if self._conn is not None:
-            self._orphans.append(self._conn)
-        self._conn = None
+    def _forked(self, *, idle: bool) -> None:
+        """In a child process: the parent's connection is never used here.
+
+        An idle one is closed: SQLite keeps what a process knows of a file's locks
+        per file, so while the copy stays open a new connection would believe it
+        holds the parent's locks and take none, and the last other process to close
+        would delete the WAL this child still writes to. One forked mid-statement
+        (its mutex not had in time) is left alone, never closed.
+        """
+        conn, self._conn = self._conn, None
+        self._held[0] = None  # the parent's: never closed here but when idle, below
+        if conn is not None and idle:
+            with contextlib.suppress(Exception):
+                conn.close()
+        elif conn is not None:
+            self._orphans.append(conn)
         self._version = -1
         self._tx.mutex = threading.Lock()
+
+
+def _close_held(held: list[sqlite3.Connection | None]) -> None:
+    """Close a collected store's connection (it may be closed already: that is harmless)."""
+    conn, held[0] = held[0], None
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            conn.close()

@@ -22,7 +22,7 @@ from ._circuit import Bucket, Circuit, State
 from ._scopes import ScopeKey, ScopeKind
 from ._store import _Origin, _Scopes
 
-__all__ = ["Lease", "connect", "immediate", "load", "take_key", "write"]
+__all__ = ["Lease", "connect", "identity", "immediate", "load", "take_key", "write"]
 
 Lease = tuple[ScopeKey, str, int, float]  # scope, token, generation, end (wall clock)
 _Row = tuple[Any, ...]
@@ -62,6 +62,15 @@ def connect(path: str, timeout: float, forget_before: float) -> sqlite3.Connecti
         conn.close()
         raise
     return conn
+
+
+def identity(path: str) -> tuple[int, int] | None:
+    """Which file is at `path` now (device, inode); None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def take_key(conn: sqlite3.Connection) -> str:
