@@ -23,6 +23,7 @@ from ._encodings import decoded_head
 from ._endings import Endings
 from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
+from ._rebuild import Rebuilder
 from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
@@ -94,6 +95,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         self._own: dict[str, Candidates] = {}
         self._matched: dict[tuple[str, str], Candidates] = {}
         self._moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]] = {}
+        self._rebuilder = Rebuilder()
         if self.config.observability.enabled:
             from .metrics import enable_configured  # only what the configuration asks for
 

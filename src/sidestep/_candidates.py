@@ -15,7 +15,6 @@ from ._routes import (
     CompiledTarget,
     display_origin,
     merge_json,
-    rewrite_headers,
     without_credentials,
 )
 from ._run import CACHE_LIMIT, CoreState, Run
@@ -135,19 +134,9 @@ class Candidacy(CoreState):
         """
         request = run.request
         keep = target.origin == run.cands.origin or target.inherit_credentials
-        headers = rewrite_headers(
-            list(request.headers.multi_items()), target, keep_credentials=keep
-        )
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)
         url = self._target_url(request.url, target, run.cands.rest, keep)
         extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
-        rebuilt = type(request)(
-            request.method,
-            url,
-            headers=headers,
-            content=body if body is not None else request.stream,
-            extensions=extensions,
-        )
-        return rebuilt, body
+        return self._rebuilder.build(request, url, target, keep, body, extensions), body

@@ -24,6 +24,7 @@ __all__ = [
     "CompiledRoute",
     "CompiledTarget",
     "Router",
+    "carried",
     "display_origin",
     "merge_json",
     "rewrite_headers",
@@ -202,17 +203,20 @@ def rewrite_headers(
     headers: list[tuple[str, str]], target: CompiledTarget, *, keep_credentials: bool
 ) -> list[tuple[str, str]]:
     """The request's headers for `target`: Host anew, credentials kept only where allowed."""
-    own = {name for name, _ in target.headers}
-    out = [
-        (name, value)
-        for name, value in headers
-        if name not in _REBUILT
-        and name not in own
-        and (keep_credentials or not is_credential(name))
-    ]
+    out = [(name, value) for name, value in headers if carried(name, target, keep_credentials)]
     out.append(("host", target.host_header))
     out.extend(target.headers)
     return out
+
+
+def carried(name: str, target: CompiledTarget, keep_credentials: bool) -> bool:
+    """Whether the request's header `name` (lowercase) goes to `target` as it is: not one
+    rebuilt for it, not one the target sets itself, no credential unless allowed."""
+    return (
+        name not in _REBUILT
+        and all(name != own for own, _ in target.headers)
+        and (keep_credentials or not is_credential(name))
+    )
 
 
 def without_credentials(query: bytes) -> bytes:

@@ -8,7 +8,7 @@ attempt's result; both are made per request, so they are kept lean.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _classify as c11n
 from ._classify import Kind, Verdict
@@ -19,6 +19,9 @@ from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._scopes import Fingerprinter
 from ._store import Admission, StateStore
+
+if TYPE_CHECKING:
+    from ._rebuild import Rebuilder
 
 __all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run"]
 
@@ -131,3 +134,4 @@ class CoreState:
     _own: dict[str, Candidates]
     _matched: dict[tuple[str, str], Candidates]
     _moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]]
+    _rebuilder: Rebuilder

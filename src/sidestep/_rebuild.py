@@ -1,0 +1,151 @@
+"""The request rebuilt for another target, byte for byte as httpx would build it, cheaply.
+
+`type(request)(method, url, headers=[...], content=body)` re-encodes every
+header, looks each content header up by name and builds the header list
+twice: most of what a request moved to a backup costs. `Rebuilder` makes
+the same request from parts it keeps: each target's own headers encoded
+once, each header name's fate (kept, dropped, a credential) judged once per
+target, and where httpx puts the content headers for a method and an empty
+or non-empty body learnt once per request class, from a request httpx
+builds itself. What it does not know to build the same way (a streamed
+body, a target that sets a content header) it leaves to the caller, which
+builds it as httpx does (`as_httpx_builds`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._routes import CompiledTarget, carried, rewrite_headers
+from ._run import CACHE_LIMIT
+
+__all__ = ["Rebuilder", "as_httpx_builds"]
+
+_CONTENT = (b"content-length", b"transfer-encoding")
+_PROBE_HOST = "probe.invalid"
+# Where httpx puts its content headers around the others: those before, and those after
+# (None: a Content-Length the body's length, after the others); None when it is not that.
+_Layout = tuple[tuple[tuple[bytes, bytes], ...], tuple[bytes, bytes] | None] | None
+
+
+def as_httpx_builds(
+    request: Any, url: Any, target: CompiledTarget, keep: bool, body: bytes | None, ext: Any
+) -> Any:
+    """The request for `target` built by httpx itself: the reference `Rebuilder` matches."""
+    headers = rewrite_headers(list(request.headers.multi_items()), target, keep_credentials=keep)
+    return type(request)(
+        request.method,
+        url,
+        headers=headers,
+        content=body if body is not None else request.stream,
+        extensions=ext,
+    )
+
+
+class Rebuilder:
+    """Requests for other targets, as `as_httpx_builds` builds them, from kept parts."""
+
+    __slots__ = ("_layouts", "_names", "_own", "_streams")
+
+    def __init__(self) -> None:
+        self._layouts: dict[tuple[type[Any], str, bool], _Layout] = {}
+        # (id(target), keep) -> (target, {lowercase header name: whether it goes along})
+        self._names: dict[tuple[int, bool], tuple[CompiledTarget, dict[bytes, bool]]] = {}
+        # id(target) -> (target, its Host and own headers encoded; None: built by httpx)
+        self._own: dict[int, tuple[CompiledTarget, list[tuple[bytes, bytes]] | None]] = {}
+        self._streams: dict[type[Any], Callable[[bytes], Any]] = {}
+
+    def build(
+        self,
+        request: Any,
+        url: Any,
+        target: CompiledTarget,
+        keep: bool,
+        body: bytes | None,
+        extensions: dict[str, Any],
+    ) -> Any:
+        """The request for `target`: `url`, the headers that go there, `body`."""
+        own = self._own_headers(target)
+        items = getattr(request.headers, "_list", None)
+        cls = type(request)
+        layout = None
+        if body is not None and own is not None and items is not None:
+            layout = self._layout(cls, request.method, not body)
+        if layout is None or body is None or own is None or items is None:
+            return as_httpx_builds(request, url, target, keep, body, extensions)
+        before, after = layout
+        goes = self._fates(target, keep)
+        headers = list(before)
+        for _, name, value in items:
+            kept = goes.get(name)
+            if kept is None:
+                kept = self._judge(goes, name, target, keep)
+            if kept:
+                headers.append((name, value))
+        headers += own
+        if after is not None:
+            headers.append((after[0], str(len(body)).encode("ascii")))
+        stream = self._streams[cls](body)
+        rebuilt = cls(request.method, url, headers=headers, stream=stream, extensions=extensions)
+        rebuilt.read()  # the body in memory, as content= leaves it
+        return rebuilt
+
+    def _own_headers(self, target: CompiledTarget) -> list[tuple[bytes, bytes]] | None:
+        kept = self._own.get(id(target))
+        if kept is not None and kept[0] is target:
+            return kept[1]
+        pairs = [("host", target.host_header), *target.headers]
+        own: list[tuple[bytes, bytes]] | None = [
+            (name.encode("ascii"), value.encode("ascii")) for name, value in pairs
+        ]
+        if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
+            own = None  # a content header of its own: httpx places the others around it
+        if len(self._own) < CACHE_LIMIT:
+            self._own[id(target)] = (target, own)  # the target kept too: its id stays its own
+        return own
+
+    def _fates(self, target: CompiledTarget, keep: bool) -> dict[bytes, bool]:
+        kept = self._names.get((id(target), keep))
+        if kept is not None and kept[0] is target:
+            return kept[1]
+        fates: dict[bytes, bool] = {}
+        if len(self._names) < CACHE_LIMIT:
+            self._names[(id(target), keep)] = (target, fates)
+        return fates
+
+    @staticmethod
+    def _judge(fates: dict[bytes, bool], name: bytes, target: CompiledTarget, keep: bool) -> bool:
+        """Whether header `name` (lowercase, as sent) goes to `target`: `rewrite_headers`'s rule."""
+        kept = carried(name.decode("latin-1"), target, keep)
+        if len(fates) < CACHE_LIMIT:
+            fates[name] = kept
+        return kept
+
+    def _layout(self, cls: type[Any], method: str, empty: bool) -> _Layout:
+        """Where `cls` puts its content headers for `method` and an (empty) body: learnt once."""
+        key = (cls, method, empty)
+        try:
+            return self._layouts[key]
+        except KeyError:
+            pass
+        layout: _Layout = None
+        body = b"" if empty else b"1"
+        host = (b"host", _PROBE_HOST.encode("ascii"))
+        try:
+            probe = cls(method, f"http://{_PROBE_HOST}/", headers=[host], content=body)
+        except Exception:
+            probe = None  # a method it does not build: the caller's own construction decides
+        if probe is not None and probe.content == body and host in probe.headers.raw:
+            raw = probe.headers.raw
+            at = raw.index(host)
+            before, after = tuple(raw[:at]), raw[at + 1 :]
+            content = all(name.lower() in _CONTENT for name, _ in (*before, *after))
+            if content and not after:
+                layout = (before, None)
+            elif content and not empty and after == [(after[0][0], b"1")]:
+                layout = (before, after[0])
+            self._streams.setdefault(cls, type(probe.stream))
+        if len(self._layouts) < CACHE_LIMIT:
+            self._layouts[key] = layout
+        return layout
