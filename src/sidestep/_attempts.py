@@ -144,16 +144,18 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     run.index, run.seq, run.ready = index, seq, True
                     run.sent_at = self.clock()
                     return run
-                refused = self._origin_refused(target.origin, self.breaker, self.clock())
+                now = self.clock()
+                refused = self._origin_refused(target.origin, self.breaker, now)
                 if refused is not None:
                     # refused as the store would refuse it: no request rebuilt, no key made
-                    self._refused(run, target, refused)
+                    self._refused(run, target, refused, now)
                     continue
             self._candidate(run, index, target)
             facts = self._scope_facts(run, target)
-            admission = self.store.admit(facts, self.breaker, self.clock())
+            now = self.clock()
+            admission = self.store.admit(facts, self.breaker, now)
             if admission.ticket is None:
-                self._refused(run, target, admission)
+                self._refused(run, target, admission, now)
                 continue
             run.index, run.admission = index, admission
             return run
@@ -230,7 +232,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     else:
                         admission = self.store.admit(facts, self.breaker, now)
                     if admission.ticket is None:
-                        self._refused(run, target, admission)
+                        self._refused(run, target, admission, now)
                         continue
                 sent = run.sent
                 ticket = admission.ticket

@@ -7,10 +7,12 @@ attempt's result; both are made per request, so they are kept lean.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import _classify as c11n
+from ._circuit import State
 from ._classify import Kind, Verdict
 from ._config import BreakerPolicy, Config, FailoverPolicy, Suspensions
 from ._effects import Clock
@@ -18,12 +20,12 @@ from ._errors import CandidateStatus
 from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._scopes import Fingerprinter
-from ._store import Admission, StateStore
+from ._store import Admission, Refusal, StateStore
 
 if TYPE_CHECKING:
     from ._rebuild import Rebuilder
 
-__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run"]
+__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run", "skip_status"]
 
 # Per-origin and per-path memories of the core stop growing past this many entries.
 CACHE_LIMIT = 4096
@@ -77,8 +79,8 @@ class Run:
         self.tried = 0  # targets that were sent something
         self.last: Any = None  # the last failing response or exception
         self.last_target: CompiledTarget | None = None
-        # each skipped target's status, and the end of its open window (None: half-open)
-        self.skipped: list[tuple[CandidateStatus, float | None]] = []
+        # each skipped target, its refusal and when it was refused (`skip_status`)
+        self.skipped: list[tuple[CompiledTarget, Refusal, float]] = []
         self.sent_at = 0.0  # when the latest attempt started, on the core's clock
         # What the fast decision (`Core.decide`) left for the rest of the request:
         # the candidate it stopped at and that candidate's admission, or, when the
@@ -97,6 +99,15 @@ class Run:
     @property
     def route_name(self) -> str | None:
         return self.cands.route.name if self.cands.route else None
+
+
+def skip_status(
+    target: CompiledTarget, refusal: Refusal, now: float
+) -> tuple[CandidateStatus, float | None]:
+    """A skipped target's status, and the end of its open window (None: half-open)."""
+    retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
+    status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
+    return status, refusal.retry_at if refusal.state is State.OPEN else None
 
 
 class Outcome:
