@@ -27,6 +27,7 @@ __all__ = [
     "carried",
     "display_origin",
     "merge_json",
+    "plain",
     "rewrite_headers",
     "without_credentials",
 ]
@@ -79,6 +80,8 @@ class CompiledRoute:
     max_buffered_bytes: int
     avoid_rate_limits: bool = False
     validate: bool = False  # check the 2xx bodies buffered by commit: complete
+    # no first-byte or stall limit and no rate limits to avoid: a 2xx is settled at its headers
+    plain: bool = False
 
 
 class Candidates(NamedTuple):
@@ -188,15 +191,22 @@ class Router:
 
 
 def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
+    policy = route.policy(base)
     return CompiledRoute(
         name=route.name,
         targets=tuple(compile_target(t) for t in route.targets),
-        policy=route.policy(base),
+        policy=policy,
         commit_complete=route.commit == "complete",
         max_buffered_bytes=route.max_buffered_bytes,
         avoid_rate_limits=route.avoid_rate_limits,
         validate=route.commit == "complete" and route.validate_body == "auto",
+        plain=plain(policy) and not route.avoid_rate_limits,
     )
+
+
+def plain(policy: FailoverPolicy) -> bool:
+    """Whether a policy sets no first-byte or stall limit: nothing to watch after the headers."""
+    return policy.first_byte_timeout is None and policy.stall_timeout is None
 
 
 def rewrite_headers(

@@ -36,29 +36,28 @@ SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
 class Run:
     """One request's progress through its candidates (created per request: kept lean)."""
 
-    __slots__ = (
-        "admission",
-        "attempts",
-        "body",
-        "cands",
-        "deadline",
-        "endpoint",
-        "index",
-        "last",
-        "last_target",
-        "policy",
-        "ready",
-        "received",
-        "request",
-        "result",
-        "sent",
-        "sent_at",
-        "sent_body",
-        "seq",
-        "skipped",
-        "tried",
-        "watched",
-    )
+    # Made per request: the fields most requests never change are class-level
+    # defaults, so a request sets only its own (fewer stores than slots would take).
+    attempts = 0
+    tried = 0  # targets that were sent something
+    last: Any = None  # the last failing response or exception
+    last_target: CompiledTarget | None = None
+    # each skipped target, its refusal and when it was refused (`skip_status`)
+    skipped: tuple[tuple[CompiledTarget, Refusal, float], ...] = ()
+    sent_at = 0.0  # when the latest attempt started, on the core's clock
+    # What the fast decision (`Core.decide`) left for the rest of the request:
+    # the candidate it stopped at and that candidate's admission, or, when the
+    # shell may send its request itself (`ready`), what makes its ticket; once
+    # sent, the response (or the exception) the attempt takes instead of sending.
+    index = 0
+    admission: Admission | None = None
+    sent: Any = None  # the candidate's request, as sent
+    sent_body: bytes | None = None  # its body, when it can be sent again
+    ready = False
+    seq = 0  # a ready run's admission: the store's sequence number then
+    received: Any = None
+    watched = False  # someone listens: attempt and request events are emitted
+    result = ""  # the latest attempt's result, as `attempt.finished` named it
 
     def __init__(
         self,
@@ -75,26 +74,6 @@ class Run:
         self.policy = policy
         self.body = body  # None: a one-shot stream, sent to one target only
         self.deadline = deadline
-        self.attempts = 0
-        self.tried = 0  # targets that were sent something
-        self.last: Any = None  # the last failing response or exception
-        self.last_target: CompiledTarget | None = None
-        # each skipped target, its refusal and when it was refused (`skip_status`)
-        self.skipped: list[tuple[CompiledTarget, Refusal, float]] = []
-        self.sent_at = 0.0  # when the latest attempt started, on the core's clock
-        # What the fast decision (`Core.decide`) left for the rest of the request:
-        # the candidate it stopped at and that candidate's admission, or, when the
-        # shell may send its request itself (`ready`), what makes its ticket; once
-        # sent, the response (or the exception) the attempt takes instead of sending.
-        self.index = 0
-        self.admission: Admission | None = None
-        self.sent: Any = None  # the candidate's request, as sent
-        self.sent_body: bytes | None = None  # its body, when it can be sent again
-        self.ready = False
-        self.seq = 0  # a ready run's admission: the store's sequence number then
-        self.received: Any = None
-        self.watched = False  # someone listens: attempt and request events are emitted
-        self.result = ""  # the latest attempt's result, as `attempt.finished` named it
 
     @property
     def route_name(self) -> str | None:
@@ -142,7 +121,7 @@ class CoreState:
     _failing: dict[str, set[str]]
     _quiet: dict[str | None, tuple[Any, ...]]
     _origins: dict[tuple[str, str, int | None], str]
-    _own: dict[str, Candidates]
-    _matched: dict[tuple[str, str], Candidates]
+    _own: dict[tuple[str, str, int | None], Candidates]
+    _matched: dict[tuple[tuple[str, str, int | None], str], Candidates]
     _moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]]
     _rebuilder: Rebuilder

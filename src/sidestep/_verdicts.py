@@ -191,7 +191,7 @@ class Verdicts(CoreState):
             self._announce(admission.transitions, target, run)
         refusal = admission.refusal
         assert refusal is not None
-        run.skipped.append((target, refusal, now))  # its status is made only if it is read
+        run.skipped += ((target, refusal, now),)  # its status is made only if it is read
         if listening(logging.DEBUG):
             _skipped(
                 run, target, refusal, retry_in_s=skip_status(target, refusal, now)[0].retry_after
