@@ -53,6 +53,7 @@ def fields(request: Any) -> dict[str, Any]:
         "method": request.method,
         "url": str(request.url),
         "raw": request.headers.raw,
+        "headers": vars(request.headers),
         "encoding": request.headers.encoding,
         "content": request.content,
         "stream": type(request.stream),

@@ -26,7 +26,8 @@ _CONTENT = (b"content-length", b"transfer-encoding")
 _PROBE_HOST = "probe.invalid"
 # Where httpx puts its content headers around the others: those before, and those after
 # (None: a Content-Length the body's length, after the others); None when it is not that.
-_Layout = tuple[tuple[tuple[bytes, bytes], ...], tuple[bytes, bytes] | None] | None
+_Entry = tuple[bytes, bytes, bytes]  # a header as httpx keeps it: (name, lowercase name, value)
+_Layout = tuple[tuple[_Entry, ...], tuple[bytes, bytes] | None] | None
 
 
 def as_httpx_builds(
@@ -46,15 +47,16 @@ def as_httpx_builds(
 class Rebuilder:
     """Requests for other targets, as `as_httpx_builds` builds them, from kept parts."""
 
-    __slots__ = ("_layouts", "_names", "_own", "_streams")
+    __slots__ = ("_kinds", "_layouts", "_names", "_own")
 
     def __init__(self) -> None:
         self._layouts: dict[tuple[type[Any], str, bool], _Layout] = {}
         # (id(target), keep) -> (target, {lowercase header name: whether it goes along})
         self._names: dict[tuple[int, bool], tuple[CompiledTarget, dict[bytes, bool]]] = {}
         # id(target) -> (target, its Host and own headers encoded; None: built by httpx)
-        self._own: dict[int, tuple[CompiledTarget, list[tuple[bytes, bytes]] | None]] = {}
-        self._streams: dict[type[Any], Callable[[bytes], Any]] = {}
+        self._own: dict[int, tuple[CompiledTarget, list[_Entry] | None]] = {}
+        # request class -> (its body stream class, its headers class)
+        self._kinds: dict[type[Any], tuple[Callable[[bytes], Any], Callable[[], Any]]] = {}
 
     def build(
         self,
@@ -76,28 +78,35 @@ class Rebuilder:
             return as_httpx_builds(request, url, target, keep, body, extensions)
         before, after = layout
         goes = self._fates(target, keep)
-        headers = list(before)
+        # httpx's own entries, (name as sent, lowercase name, value): each header
+        # built once per target or per name, none encoded or looked up per request
+        entries = list(before)
         for _, name, value in items:
             kept = goes.get(name)
             if kept is None:
                 kept = self._judge(goes, name, target, keep)
             if kept:
-                headers.append((name, value))
-        headers += own
+                entries.append((name, name, value))  # sent lowercase, as rewrite_headers does
+        entries += own
         if after is not None:
-            headers.append((after[0], str(len(body)).encode("ascii")))
-        stream = self._streams[cls](body)
-        rebuilt = cls(request.method, url, headers=headers, stream=stream, extensions=extensions)
-        rebuilt.read()  # the body in memory, as content= leaves it
+            entries.append((*after, str(len(body)).encode("ascii")))
+        stream_cls, headers_cls = self._kinds[cls]
+        headers = headers_cls()
+        headers._list = entries
+        rebuilt = cls(
+            request.method, url, headers=headers, stream=stream_cls(body), extensions=extensions
+        )
+        rebuilt._content = body  # in memory, as content= leaves it
         return rebuilt
 
-    def _own_headers(self, target: CompiledTarget) -> list[tuple[bytes, bytes]] | None:
+    def _own_headers(self, target: CompiledTarget) -> list[_Entry] | None:
         kept = self._own.get(id(target))
         if kept is not None and kept[0] is target:
             return kept[1]
         pairs = [("host", target.host_header), *target.headers]
-        own: list[tuple[bytes, bytes]] | None = [
-            (name.encode("ascii"), value.encode("ascii")) for name, value in pairs
+        own: list[_Entry] | None = [
+            (name.encode("ascii"), name.lower().encode("ascii"), value.encode("ascii"))
+            for name, value in pairs
         ]
         if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
             own = None  # a content header of its own: httpx places the others around it
@@ -131,21 +140,21 @@ class Rebuilder:
             pass
         layout: _Layout = None
         body = b"" if empty else b"1"
-        host = (b"host", _PROBE_HOST.encode("ascii"))
+        host = (b"host", b"host", _PROBE_HOST.encode("ascii"))
         try:
-            probe = cls(method, f"http://{_PROBE_HOST}/", headers=[host], content=body)
+            probe = cls(method, f"http://{_PROBE_HOST}/", headers=[host[::2]], content=body)
         except Exception:
             probe = None  # a method it does not build: the caller's own construction decides
-        if probe is not None and probe.content == body and host in probe.headers.raw:
-            raw = probe.headers.raw
-            at = raw.index(host)
-            before, after = tuple(raw[:at]), raw[at + 1 :]
-            content = all(name.lower() in _CONTENT for name, _ in (*before, *after))
+        entries = getattr(getattr(probe, "headers", None), "_list", None)
+        if probe is not None and probe.content == body and entries and host in entries:
+            at = entries.index(host)
+            before, after = tuple(entries[:at]), entries[at + 1 :]
+            content = all(lower in _CONTENT for _, lower, _ in (*before, *after))
             if content and not after:
                 layout = (before, None)
-            elif content and not empty and after == [(after[0][0], b"1")]:
-                layout = (before, after[0])
-            self._streams.setdefault(cls, type(probe.stream))
+            elif content and not empty and len(after) == 1 and after[0][2] == b"1":
+                layout = (before, after[0][:2])
+            self._kinds.setdefault(cls, (type(probe.stream), type(probe.headers)))
         if len(self._layouts) < CACHE_LIMIT:
             self._layouts[key] = layout
         return layout
