@@ -111,3 +111,23 @@ def test_a_target_setting_a_content_header_or_a_streamed_body_is_built_by_httpx(
     expected = as_httpx_builds(streamed, url, TARGETS[0], False, None, {})
     assert built.headers.raw == expected.headers.raw
     assert built.headers.raw[-1] == (b"Transfer-Encoding", b"chunked")
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_header_value_outside_ascii_goes_to_the_target_as_the_caller_sent_it(
+    module: Any,
+) -> None:
+    """Re-encoding decoded header strings as ASCII refused a UTF-8 value (rewriting the
+    request for the target raised); the kept bytes go along unchanged."""
+    request = module.Request(
+        "POST", "http://a.example/x", headers={"X-Name": "café".encode()}, content=b"{}"
+    )
+    url = module.URL("http://backup.example/v2/x")
+    with pytest.raises(UnicodeEncodeError):
+        as_httpx_builds(request, url, TARGETS[0], False, b"{}", {})
+    built = Rebuilder().build(request, url, TARGETS[0], False, b"{}", {})
+    assert built.headers.raw == [
+        (b"x-name", "café".encode()),
+        (b"host", b"backup.example"),
+        (b"Content-Length", b"2"),
+    ]

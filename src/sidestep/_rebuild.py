@@ -24,9 +24,10 @@ __all__ = ["Rebuilder", "as_httpx_builds"]
 
 _CONTENT = (b"content-length", b"transfer-encoding")
 _PROBE_HOST = "probe.invalid"
-# Where httpx puts its content headers around the others: those before, and those after
-# (None: a Content-Length the body's length, after the others); None when it is not that.
 _Entry = tuple[bytes, bytes, bytes]  # a header as httpx keeps it: (name, lowercase name, value)
+# Where httpx puts its content headers around the others: the entries before them, and
+# the (name, lowercase name) of a Content-Length after them, whose value is the body's
+# length (None: nothing after); None when httpx does something else.
 _Layout = tuple[tuple[_Entry, ...], tuple[bytes, bytes] | None] | None
 
 
