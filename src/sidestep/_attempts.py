@@ -23,7 +23,8 @@ from ._encodings import decoded_head
 from ._endings import Endings
 from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
-from ._routes import Candidates, CompiledTarget, Router
+from ._rebuild import Rebuilder
+from ._routes import Candidates, CompiledTarget, Router, plain
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
 from ._store import Admission, MemoryStore, StateStore, Ticket
@@ -83,6 +84,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             self._origin_refused = self.store.refused
         # A replacement classifier judges every answer, a 2xx included: no fast verdict.
         self._quick = self._healthy is not _never and not self._custom_classifier
+        self._quick_own = self._quick and plain(self.config.failover)  # unrouted requests
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
@@ -91,9 +93,10 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # Routes whose all-suspended episode was logged at WARNING already.
         self._quiet: dict[str | None, tuple[Any, ...]] = {}
         self._origins: dict[tuple[str, str, int | None], str] = {}
-        self._own: dict[str, Candidates] = {}
-        self._matched: dict[tuple[str, str], Candidates] = {}
+        self._own: dict[tuple[str, str, int | None], Candidates] = {}
+        self._matched: dict[tuple[tuple[str, str, int | None], str], Candidates] = {}
         self._moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]] = {}
+        self._rebuilder = Rebuilder()
         if self.config.observability.enabled:
             from .metrics import enable_configured  # only what the configuration asks for
 
@@ -124,13 +127,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             # listens for the request's own events, which start before any admission.
             return run
         healthy = self._healthy
-        policy, route = run.policy, run.cands.route
-        quick = (
-            self._quick
-            and policy.first_byte_timeout is None
-            and policy.stall_timeout is None
-            and (route is None or not route.avoid_rate_limits)
-        )
+        route = run.cands.route
+        quick = self._quick_own if route is None else self._quick and route.plain
         targets = run.cands.targets
         for index, target in enumerate(targets):
             if quick:
@@ -142,16 +140,18 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     run.index, run.seq, run.ready = index, seq, True
                     run.sent_at = self.clock()
                     return run
-                refused = self._origin_refused(target.origin, self.breaker, self.clock())
+                now = self.clock()
+                refused = self._origin_refused(target.origin, self.breaker, now)
                 if refused is not None:
                     # refused as the store would refuse it: no request rebuilt, no key made
-                    self._refused(run, target, refused)
+                    self._refused(run, target, refused, now)
                     continue
             self._candidate(run, index, target)
             facts = self._scope_facts(run, target)
-            admission = self.store.admit(facts, self.breaker, self.clock())
+            now = self.clock()
+            admission = self.store.admit(facts, self.breaker, now)
             if admission.ticket is None:
-                self._refused(run, target, admission)
+                self._refused(run, target, admission, now)
                 continue
             run.index, run.admission = index, admission
             return run
@@ -228,7 +228,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     else:
                         admission = self.store.admit(facts, self.breaker, now)
                     if admission.ticket is None:
-                        self._refused(run, target, admission)
+                        self._refused(run, target, admission, now)
                         continue
                 sent = run.sent
                 ticket = admission.ticket

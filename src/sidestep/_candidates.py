@@ -15,7 +15,6 @@ from ._routes import (
     CompiledTarget,
     display_origin,
     merge_json,
-    rewrite_headers,
     without_credentials,
 )
 from ._run import CACHE_LIMIT, CoreState, Run
@@ -38,20 +37,15 @@ class Candidacy(CoreState):
         except AttributeError:
             where = (url.scheme, url.host, url.port)
             path = url.raw_path.decode("ascii").partition("?")[0]
-        origin = self._origins.get(where)
-        if origin is None:
-            origin = origin_key(url.scheme, url.host, url.port)
-            if len(self._origins) < CACHE_LIMIT:
-                self._origins[where] = origin
         cands = None
         if self.router.routes:
-            cands = self._matched.get((origin, path))
+            cands = self._matched.get((where, path))
             if cands is None:
-                cands = self.router.match(origin, path)
+                cands = self.router.match(self._origin(where, url), path)
                 if cands is not None and len(self._matched) < CACHE_LIMIT:
-                    self._matched[(origin, path)] = cands  # the same answer every time
+                    self._matched[(where, path)] = cands  # the same answer every time
         if cands is None:
-            cands = self._own.get(origin) or self._own_origin(origin, url)
+            cands = self._own.get(where) or self._own_origin(where, url)
         policy = cands.route.policy if cands.route else self.config.failover
         deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
         content = getattr(request, "_content", None)
@@ -108,16 +102,24 @@ class Candidacy(CoreState):
             self._moved[key] = (target, moved)  # the target kept too: its id stays its own
         return moved
 
-    def _own_origin(self, origin: str, url: Any) -> Candidates:
+    def _origin(self, where: tuple[str, str, int | None], url: Any) -> str:
+        """The origin key of a URL whose (scheme, host, port) is `where` (cached; bounded)."""
+        origin = self._origins.get(where)
+        if origin is None:
+            origin = origin_key(url.scheme, url.host, url.port)
+            if len(self._origins) < CACHE_LIMIT:
+                self._origins[where] = origin
+        return origin
+
+    def _own_origin(self, where: tuple[str, str, int | None], url: Any) -> Candidates:
         """An unrouted request: one candidate, its own origin (cached; bounded)."""
-        cands = self._own.get(origin)
-        if cands is None:
-            scheme, host, port = url.scheme, url.host, url.port
-            shown = display_origin(scheme, host, port)
-            target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
-            cands = Candidates(None, (target,), "", origin, direct=True)
-            if len(self._own) < CACHE_LIMIT:
-                self._own[origin] = cands
+        origin = self._origin(where, url)
+        scheme, host, port = url.scheme, url.host, url.port
+        shown = display_origin(scheme, host, port)
+        target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
+        cands = Candidates(None, (target,), "", origin, direct=True)
+        if len(self._own) < CACHE_LIMIT:
+            self._own[where] = cands
         return cands
 
     def _streamed_body(self, request: Any) -> bytes | None:
@@ -135,19 +137,9 @@ class Candidacy(CoreState):
         """
         request = run.request
         keep = target.origin == run.cands.origin or target.inherit_credentials
-        headers = rewrite_headers(
-            list(request.headers.multi_items()), target, keep_credentials=keep
-        )
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)
         url = self._target_url(request.url, target, run.cands.rest, keep)
         extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
-        rebuilt = type(request)(
-            request.method,
-            url,
-            headers=headers,
-            content=body if body is not None else request.stream,
-            extensions=extensions,
-        )
-        return rebuilt, body
+        return self._rebuilder.build(request, url, target, keep, body, extensions), body

@@ -11,10 +11,10 @@ import logging
 import math
 from typing import Any
 
-from ._errors import AllCandidatesSuspended
+from ._errors import AllCandidatesSuspended, CandidateStatus
 from ._reverse import client_view
 from ._routes import CompiledTarget
-from ._run import CoreState, Run
+from ._run import CoreState, Run, skip_status
 from ._suspended import unavailable_body, unavailable_headers
 from .logging import emit
 
@@ -56,12 +56,13 @@ class Endings(CoreState):
         return self._attribute(result, run, target, index)
 
     def _all_suspended(self, run: Run) -> Any:
-        error = AllCandidatesSuspended(tuple(s for s, _ in run.skipped), route=run.route_name)
+        skipped = [skip_status(*skip) for skip in run.skipped]
+        error = AllCandidatesSuspended(tuple(s for s, _ in skipped), route=run.route_name)
         emit(
             "all_candidates_suspended",
-            self._episode(run),
+            self._episode(run, skipped),
             route=run.route_name,
-            targets=[s.target for s, _ in run.skipped],
+            targets=[s.target for s, _ in skipped],
             retry_in_s=error.retry_after,
         )
         if run.policy.on_all_suspended == "raise":
@@ -85,7 +86,7 @@ class Endings(CoreState):
             },
         )
 
-    def _episode(self, run: Run) -> int | None:
+    def _episode(self, run: Run, skipped: list[tuple[CandidateStatus, float | None]]) -> int | None:
         """The level to log an all-suspended request at: WARNING once per episode.
 
         An episode is one set of refusals (which targets, in which state and
@@ -94,7 +95,7 @@ class Endings(CoreState):
         outage logs as many warnings as it has transitions, whatever the
         traffic. Repeats are DEBUG (None: the event's own level).
         """
-        episode = tuple((s.target, s.state, s.reason, until) for s, until in run.skipped)
+        episode = tuple((s.target, s.state, s.reason, until) for s, until in skipped)
         key = run.route_name if run.cands.route else run.cands.origin
         if _same_episode(self._quiet.get(key), episode):
             return logging.DEBUG

@@ -24,8 +24,10 @@ __all__ = [
     "CompiledRoute",
     "CompiledTarget",
     "Router",
+    "carried",
     "display_origin",
     "merge_json",
+    "plain",
     "rewrite_headers",
     "without_credentials",
 ]
@@ -78,6 +80,8 @@ class CompiledRoute:
     max_buffered_bytes: int
     avoid_rate_limits: bool = False
     validate: bool = False  # check the 2xx bodies buffered by commit: complete
+    # no first-byte or stall limit and no rate limits to avoid: a 2xx is settled at its headers
+    plain: bool = False
 
 
 class Candidates(NamedTuple):
@@ -187,32 +191,42 @@ class Router:
 
 
 def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
+    policy = route.policy(base)
     return CompiledRoute(
         name=route.name,
         targets=tuple(compile_target(t) for t in route.targets),
-        policy=route.policy(base),
+        policy=policy,
         commit_complete=route.commit == "complete",
         max_buffered_bytes=route.max_buffered_bytes,
         avoid_rate_limits=route.avoid_rate_limits,
         validate=route.commit == "complete" and route.validate_body == "auto",
+        plain=plain(policy) and not route.avoid_rate_limits,
     )
+
+
+def plain(policy: FailoverPolicy) -> bool:
+    """Whether a policy sets no first-byte or stall limit: nothing to watch after the headers."""
+    return policy.first_byte_timeout is None and policy.stall_timeout is None
 
 
 def rewrite_headers(
     headers: list[tuple[str, str]], target: CompiledTarget, *, keep_credentials: bool
 ) -> list[tuple[str, str]]:
     """The request's headers for `target`: Host anew, credentials kept only where allowed."""
-    own = {name for name, _ in target.headers}
-    out = [
-        (name, value)
-        for name, value in headers
-        if name not in _REBUILT
-        and name not in own
-        and (keep_credentials or not is_credential(name))
-    ]
+    out = [(name, value) for name, value in headers if carried(name, target, keep_credentials)]
     out.append(("host", target.host_header))
     out.extend(target.headers)
     return out
+
+
+def carried(name: str, target: CompiledTarget, keep_credentials: bool) -> bool:
+    """Whether the request's header `name` (lowercase) goes to `target` as it is: not one
+    rebuilt for it, not one the target sets itself, no credential unless allowed."""
+    return (
+        name not in _REBUILT
+        and all(name != own for own, _ in target.headers)
+        and (keep_credentials or not is_credential(name))
+    )
 
 
 def without_credentials(query: bytes) -> bytes:

@@ -7,10 +7,12 @@ attempt's result; both are made per request, so they are kept lean.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _classify as c11n
+from ._circuit import State
 from ._classify import Kind, Verdict
 from ._config import BreakerPolicy, Config, FailoverPolicy, Suspensions
 from ._effects import Clock
@@ -18,9 +20,12 @@ from ._errors import CandidateStatus
 from ._flavour import Flavour
 from ._routes import Candidates, CompiledTarget, Router
 from ._scopes import Fingerprinter
-from ._store import Admission, StateStore
+from ._store import Admission, Refusal, StateStore
 
-__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run"]
+if TYPE_CHECKING:
+    from ._rebuild import Rebuilder
+
+__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run", "skip_status"]
 
 # Per-origin and per-path memories of the core stop growing past this many entries.
 CACHE_LIMIT = 4096
@@ -31,29 +36,28 @@ SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
 class Run:
     """One request's progress through its candidates (created per request: kept lean)."""
 
-    __slots__ = (
-        "admission",
-        "attempts",
-        "body",
-        "cands",
-        "deadline",
-        "endpoint",
-        "index",
-        "last",
-        "last_target",
-        "policy",
-        "ready",
-        "received",
-        "request",
-        "result",
-        "sent",
-        "sent_at",
-        "sent_body",
-        "seq",
-        "skipped",
-        "tried",
-        "watched",
-    )
+    # Made per request: the fields most requests never change are class-level
+    # defaults, so a request sets only its own (fewer stores than slots would take).
+    attempts = 0
+    tried = 0  # targets that were sent something
+    last: Any = None  # the last failing response or exception
+    last_target: CompiledTarget | None = None
+    # each skipped target, its refusal and when it was refused (`skip_status`)
+    skipped: tuple[tuple[CompiledTarget, Refusal, float], ...] = ()
+    sent_at = 0.0  # when the latest attempt started, on the core's clock
+    # What the fast decision (`Core.decide`) left for the rest of the request:
+    # the candidate it stopped at and that candidate's admission, or, when the
+    # shell may send its request itself (`ready`), what makes its ticket; once
+    # sent, the response (or the exception) the attempt takes instead of sending.
+    index = 0
+    admission: Admission | None = None
+    sent: Any = None  # the candidate's request, as sent
+    sent_body: bytes | None = None  # its body, when it can be sent again
+    ready = False
+    seq = 0  # a ready run's admission: the store's sequence number then
+    received: Any = None
+    watched = False  # someone listens: attempt and request events are emitted
+    result = ""  # the latest attempt's result, as `attempt.finished` named it
 
     def __init__(
         self,
@@ -70,30 +74,19 @@ class Run:
         self.policy = policy
         self.body = body  # None: a one-shot stream, sent to one target only
         self.deadline = deadline
-        self.attempts = 0
-        self.tried = 0  # targets that were sent something
-        self.last: Any = None  # the last failing response or exception
-        self.last_target: CompiledTarget | None = None
-        # each skipped target's status, and the end of its open window (None: half-open)
-        self.skipped: list[tuple[CandidateStatus, float | None]] = []
-        self.sent_at = 0.0  # when the latest attempt started, on the core's clock
-        # What the fast decision (`Core.decide`) left for the rest of the request:
-        # the candidate it stopped at and that candidate's admission, or, when the
-        # shell may send its request itself (`ready`), what makes its ticket; once
-        # sent, the response (or the exception) the attempt takes instead of sending.
-        self.index = 0
-        self.admission: Admission | None = None
-        self.sent: Any = None  # the candidate's request, as sent
-        self.sent_body: bytes | None = None  # its body, when it can be sent again
-        self.ready = False
-        self.seq = 0  # a ready run's admission: the store's sequence number then
-        self.received: Any = None
-        self.watched = False  # someone listens: attempt and request events are emitted
-        self.result = ""  # the latest attempt's result, as `attempt.finished` named it
 
     @property
     def route_name(self) -> str | None:
         return self.cands.route.name if self.cands.route else None
+
+
+def skip_status(
+    target: CompiledTarget, refusal: Refusal, now: float
+) -> tuple[CandidateStatus, float | None]:
+    """A skipped target's status, and the end of its open window (None: half-open)."""
+    retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
+    status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
+    return status, refusal.retry_at if refusal.state is State.OPEN else None
 
 
 class Outcome:
@@ -128,6 +121,7 @@ class CoreState:
     _failing: dict[str, set[str]]
     _quiet: dict[str | None, tuple[Any, ...]]
     _origins: dict[tuple[str, str, int | None], str]
-    _own: dict[str, Candidates]
-    _matched: dict[tuple[str, str], Candidates]
+    _own: dict[tuple[str, str, int | None], Candidates]
+    _matched: dict[tuple[tuple[str, str, int | None], str], Candidates]
     _moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]]
+    _rebuilder: Rebuilder

@@ -8,7 +8,6 @@ attempt and after how long, and the store's record with its events.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Generator
@@ -20,9 +19,8 @@ from ._circuit import State
 from ._classify import ErrorKind, Exchange, Kind, Verdict
 from ._config import FailoverPolicy
 from ._effects import Call
-from ._errors import CandidateStatus
 from ._routes import CompiledTarget
-from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run
+from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run, skip_status
 from ._scopes import ScopeKind
 from ._store import Admission, Refusal, Ticket, Transition
 from .logging import emit, listening
@@ -187,18 +185,17 @@ class Verdicts(CoreState):
         if changed:
             self._announce(changed, target, run)
 
-    def _refused(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
-        """A candidate refused admission: its transitions told, then skipped."""
+    def _refused(self, run: Run, target: CompiledTarget, admission: Admission, now: float) -> None:
+        """A candidate refused admission (at `now`): its transitions told, then skipped."""
         if admission.transitions:
             self._announce(admission.transitions, target, run)
         refusal = admission.refusal
         assert refusal is not None
-        now = self.clock()
-        retry_in = None if math.isinf(refusal.retry_at) else max(0.0, refusal.retry_at - now)
-        status = CandidateStatus(target.name, refusal.state.value, refusal.reason, retry_in)
-        run.skipped.append((status, refusal.retry_at if refusal.state is State.OPEN else None))
+        run.skipped += ((target, refusal, now),)  # its status is made only if it is read
         if listening(logging.DEBUG):
-            _skipped(run, target, refusal, retry_in_s=retry_in)
+            _skipped(
+                run, target, refusal, retry_in_s=skip_status(target, refusal, now)[0].retry_after
+            )
 
     def _observe_skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
         refusal = admission.refusal

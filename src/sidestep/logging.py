@@ -301,7 +301,9 @@ def listening(level: int = logging.DEBUG) -> bool:
     (``attempt.*``, ``request.*``), so that with no observer and no logger
     at ``level`` they cost one call and nothing else.
     """
-    return bool(_observers) or structlog.is_configured() or _logger.isEnabledFor(level)
+    if _observers:
+        return True
+    return structlog.is_configured() or _logger.isEnabledFor(level)
 
 
 def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:

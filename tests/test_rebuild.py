@@ -1,0 +1,133 @@
+"""The request rebuilt for another target is byte for byte the one httpx itself builds.
+
+`Rebuilder` assembles a moved request from kept parts; `as_httpx_builds` asks
+httpx (or httpx2) to build it from the rewritten header list and the body.
+Pure construction, no I/O: every field a transport reads is compared, the raw
+header list (names, values, order) first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+
+from sidestep._config import Target
+from sidestep._rebuild import Rebuilder, as_httpx_builds
+from sidestep._routes import CompiledTarget, compile_target
+
+METHODS = ["GET", "HEAD", "DELETE", "OPTIONS", "POST", "PUT", "PATCH", "QUERY", "PROPFIND"]
+BODIES = [b"", b'{"model":"a","messages":[]}', b"x" * 5000]
+HEADERS = [
+    [],
+    [("Accept", "application/json"), ("X-Trace", "1"), ("x-trace", "2")],
+    [
+        ("Authorization", "Bearer caller-secret"),
+        ("Content-Type", "application/json"),
+        ("X-Api-Key", "k"),
+        ("User-Agent", "sdk/1.0"),
+        ("Content-Length", "999"),
+        ("Host", "api.example"),
+        ("X-Own", "the caller's"),
+    ],
+]
+TARGETS = [
+    compile_target(Target(name="plain", url="http://backup.example/v2")),
+    compile_target(
+        Target(
+            name="own",
+            url="https://backup.example:8443/v1",
+            headers={"Authorization": "Bearer theirs", "X-Own": "theirs"},
+        )
+    ),
+    compile_target(Target(name="basic", url="http://user:pw@backup.example/")),
+]
+
+
+def fields(request: Any) -> dict[str, Any]:
+    """What a transport sends and reads of a request."""
+    return {
+        "type": type(request),
+        "method": request.method,
+        "url": str(request.url),
+        "raw": request.headers.raw,
+        "headers": vars(request.headers),
+        "encoding": request.headers.encoding,
+        "content": request.content,
+        "stream": type(request.stream),
+        "streamed": b"".join(request.stream),
+        "extensions": request.extensions,
+        "attributes": sorted(vars(request)),
+    }
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+@pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
+@pytest.mark.parametrize("keep", [False, True], ids=["credentials dropped", "kept"])
+def test_a_rebuilt_request_is_the_one_httpx_builds(
+    module: Any, target: CompiledTarget, keep: bool
+) -> None:
+    """For every method, body and header list, the kept-parts request has httpx's raw
+    headers in httpx's order (Content-Length before or after the others as httpx puts it),
+    its URL, body, stream type and extensions — asked twice, so cached parts are reused."""
+    rebuilder = Rebuilder()
+    url = module.URL(f"{target.scheme}://{target.host_header}{target.path}/chat?x=1")
+    for method in METHODS:
+        for body in BODIES:
+            for headers in HEADERS:
+                request = module.Request(method, "http://api.example/v1/chat", headers=headers)
+                ext = {"timeout": {"connect": 1.0}}
+                expected = fields(as_httpx_builds(request, url, target, keep, body, dict(ext)))
+                for _ in range(2):
+                    built = rebuilder.build(request, url, target, keep, body, dict(ext))
+                    assert fields(built) == expected, (method, body[:10], headers)
+    # and every one of them was assembled from the kept parts, not handed back to httpx
+    assert len(rebuilder._layouts) == 2 * len(METHODS)
+    assert None not in rebuilder._layouts.values()
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_target_setting_a_content_header_or_a_streamed_body_is_built_by_httpx(
+    module: Any,
+) -> None:
+    """What the kept parts cannot place as httpx would — a target with a Content-Length
+    of its own, a one-shot streamed body — is still built exactly as httpx builds it."""
+    rebuilder = Rebuilder()
+    odd = compile_target(
+        Target(name="odd", url="http://b.example", headers={"Content-Length": "2"})
+    )
+    url = module.URL("http://b.example/x")
+    request = module.Request("POST", "http://a.example/x", content=b"hi")
+    built = rebuilder.build(request, url, odd, False, b"hi", {})
+    assert built.headers.raw == as_httpx_builds(request, url, odd, False, b"hi", {}).headers.raw
+
+    def chunks() -> Any:
+        yield b"one-shot"
+
+    streamed = module.Request("PUT", "http://a.example/x", content=chunks())
+    built = rebuilder.build(streamed, url, TARGETS[0], False, None, {})
+    expected = as_httpx_builds(streamed, url, TARGETS[0], False, None, {})
+    assert built.headers.raw == expected.headers.raw
+    assert built.headers.raw[-1] == (b"Transfer-Encoding", b"chunked")
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_header_value_outside_ascii_goes_to_the_target_as_the_caller_sent_it(
+    module: Any,
+) -> None:
+    """Re-encoding decoded header strings as ASCII refused a UTF-8 value (rewriting the
+    request for the target raised); the kept bytes go along unchanged."""
+    request = module.Request(
+        "POST", "http://a.example/x", headers={"X-Name": "café".encode()}, content=b"{}"
+    )
+    url = module.URL("http://backup.example/v2/x")
+    with pytest.raises(UnicodeEncodeError):
+        as_httpx_builds(request, url, TARGETS[0], False, b"{}", {})
+    built = Rebuilder().build(request, url, TARGETS[0], False, b"{}", {})
+    assert built.headers.raw == [
+        (b"x-name", "café".encode()),
+        (b"host", b"backup.example"),
+        (b"Content-Length", b"2"),
+    ]
