@@ -9,11 +9,13 @@ from __future__ import annotations
 import gc
 import json
 import os
+import socket
 import sqlite3
 import stat
 import subprocess
 import sys
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -232,7 +234,13 @@ def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
 
         def listening() -> bool:
             assert server.poll() is None, (tmp_path / "error.log").read_text()
-            return sock.exists()
+            # the file exists a moment before gunicorn listens on it: connect to know
+            with socket.socket(socket.AF_UNIX) as probe:
+                try:
+                    probe.connect(str(sock))
+                except OSError:
+                    return False
+            return True
 
         wait_for(listening, timeout=60)
         assert client.get("http://app/").text.endswith(" 200 b")  # the first failure
@@ -343,6 +351,8 @@ def test_a_store_dropped_unclosed_closes_its_file(tmp_path: Path) -> None:
     assert conn is not None
     conn.execute("SELECT 1")  # open
     del store
-    gc.collect()
+    with warnings.catch_warnings():  # what earlier tests left to the collector is theirs
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         conn.execute("SELECT 1")
