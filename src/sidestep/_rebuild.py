@@ -35,7 +35,8 @@ def as_httpx_builds(
     request: Any, url: Any, target: CompiledTarget, keep: bool, body: bytes | None, ext: Any
 ) -> Any:
     """The request for `target` built by httpx itself: the reference `Rebuilder` matches."""
-    headers = rewrite_headers(list(request.headers.multi_items()), target, keep_credentials=keep)
+    sent = [(name.lower(), value) for name, value in request.headers.raw]
+    headers = rewrite_headers(sent, target, keep_credentials=keep)
     return type(request)(
         request.method,
         url,

@@ -210,10 +210,16 @@ def plain(policy: FailoverPolicy) -> bool:
 
 
 def rewrite_headers(
-    headers: list[tuple[str, str]], target: CompiledTarget, *, keep_credentials: bool
-) -> list[tuple[str, str]]:
-    """The request's headers for `target`: Host anew, credentials kept only where allowed."""
-    out = [(name, value) for name, value in headers if carried(name, target, keep_credentials)]
+    headers: list[tuple[bytes, bytes]], target: CompiledTarget, *, keep_credentials: bool
+) -> list[tuple[bytes | str, bytes | str]]:
+    """The request's headers (lowercase names, the bytes sent) for `target`: Host anew,
+    credentials kept only where allowed. The caller's bytes go along as they are: a
+    value outside ASCII is never decoded and encoded again."""
+    out: list[tuple[bytes | str, bytes | str]] = [
+        (name, value)
+        for name, value in headers
+        if carried(name.decode("latin-1"), target, keep_credentials)
+    ]
     out.append(("host", target.host_header))
     out.extend(target.headers)
     return out

@@ -1,0 +1,59 @@
+"""A request moved to another target, as the target receives it on a real socket.
+
+`Rebuilder` assembles most moved requests from kept parts and hands the rest
+(a one-shot streamed body, a target setting a content header) to httpx's own
+construction (`as_httpx_builds`): whichever builds it, the target gets the
+caller's header bytes. Each test runs on the four transports (httpx, httpx2;
+sync, async) against `Upstream` servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from drivers import MakeDriver
+from upstream import Respond, Upstream
+
+
+def _route(target: Upstream) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{target.port}/v1"
+    return {
+        "routes": [
+            {
+                "name": "r",
+                "match": ["http://alias.example/v1"],
+                "targets": [{"name": "t", "url": url}],
+            }
+        ]
+    }
+
+
+def _one_shot(is_async: bool, data: bytes) -> Any:
+    def chunks() -> Iterator[bytes]:
+        yield data
+
+    async def achunks() -> AsyncIterator[bytes]:
+        yield data
+
+    return achunks() if is_async else chunks()
+
+
+def test_a_streamed_body_goes_to_the_target_with_a_header_value_outside_ascii(
+    make: MakeDriver, a: Upstream
+) -> None:
+    """A one-shot streamed body is rebuilt by httpx's own construction: it re-encoded the
+    caller's decoded header strings as ASCII and raised UnicodeEncodeError on a UTF-8
+    value that plain httpx sends; now the target gets the caller's bytes and the body."""
+    a.behaviour = lambda seen: Respond(200, b"ok")
+    driver = make(_route(a))
+    value = "café".encode()
+    for body in (b"in memory", None):
+        content = body if body is not None else _one_shot(driver.is_async, b"streamed")
+        result = driver.post(
+            "http://alias.example/v1/x", headers={"x-name": value}, content=content
+        )
+        assert result.status == 200
+        seen = a.seen[-1]
+        assert seen.headers["x-name"].encode("latin-1") == value
+        assert seen.body == (body if body is not None else b"streamed")
