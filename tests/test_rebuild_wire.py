@@ -57,3 +57,22 @@ def test_a_streamed_body_goes_to_the_target_with_a_header_value_outside_ascii(
         seen = a.seen[-1]
         assert seen.headers["x-name"].encode("latin-1") == value
         assert seen.body == (body if body is not None else b"streamed")
+
+
+def test_a_streamed_body_with_the_callers_length_is_not_sent_chunked(
+    make: MakeDriver, a: Upstream
+) -> None:
+    """A one-shot stream whose caller gave its Content-Length (an upload of known size)
+    goes to the target framed by that length, as plain httpx sends it: moving it had
+    dropped the length and sent the body chunked, which many upload endpoints refuse."""
+    a.behaviour = lambda seen: Respond(200, b"ok")
+    driver = make(_route(a))
+    content = _one_shot(driver.is_async, b"abcd")
+    result = driver.request(
+        "PUT", "http://alias.example/v1/upload", headers={"Content-Length": "4"}, content=content
+    )
+    assert result.status == 200
+    seen = a.seen[-1]
+    assert seen.headers.get("content-length") == "4"
+    assert "transfer-encoding" not in seen.headers
+    assert seen.body == b"abcd"

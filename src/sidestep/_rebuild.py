@@ -34,9 +34,14 @@ _Layout = tuple[tuple[_Entry, ...], tuple[bytes, bytes] | None] | None
 def as_httpx_builds(
     request: Any, url: Any, target: CompiledTarget, keep: bool, body: bytes | None, ext: Any
 ) -> Any:
-    """The request for `target` built by httpx itself: the reference `Rebuilder` matches."""
+    """The request for `target` built by httpx itself: the reference `Rebuilder` matches.
+
+    A body that streams along unread (`body` None) keeps the framing it was sent
+    with: a Content-Length its caller gave stays, rather than becoming chunked."""
     sent = [(name.lower(), value) for name, value in request.headers.raw]
     headers = rewrite_headers(sent, target, keep_credentials=keep)
+    if body is None:
+        headers += [(name, value) for name, value in sent if name == b"content-length"]
     return type(request)(
         request.method,
         url,
