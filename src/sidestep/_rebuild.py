@@ -110,10 +110,9 @@ class Rebuilder:
         kept = self._own.get(id(target))
         if kept is not None and kept[0] is target:
             return kept[1]
-        pairs = [("host", target.host_header), *target.headers]
         own: list[_Entry] | None = [
             (name.encode("ascii"), name.lower().encode("ascii"), value.encode("ascii"))
-            for name, value in pairs
+            for name, value in target.sent_headers
         ]
         if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
             own = None  # a content header of its own: httpx places the others around it

@@ -70,6 +70,14 @@ class CompiledTarget:
     def host_header(self) -> str:
         return _authority(self.scheme, self.host, self.port)
 
+    @property
+    def sent_headers(self) -> tuple[tuple[str, str], ...]:
+        """What it adds to every request: its Host, then its own headers (a Host of its
+        own among them replaces the one made from its URL: one Host is ever sent)."""
+        if any(name == "host" for name, _ in self.headers):
+            return self.headers
+        return (("host", self.host_header), *self.headers)
+
 
 @dataclass(frozen=True, slots=True)
 class CompiledRoute:
@@ -220,8 +228,7 @@ def rewrite_headers(
         for name, value in headers
         if carried(name.decode("latin-1"), target, keep_credentials)
     ]
-    out.append(("host", target.host_header))
-    out.extend(target.headers)
+    out.extend(target.sent_headers)
     return out
 
 
