@@ -76,3 +76,16 @@ def test_a_streamed_body_with_the_callers_length_is_not_sent_chunked(
     assert seen.headers.get("content-length") == "4"
     assert "transfer-encoding" not in seen.headers
     assert seen.body == b"abcd"
+
+
+def test_a_query_string_goes_to_the_target_as_the_caller_wrote_it(
+    make: MakeDriver, a: Upstream
+) -> None:
+    """The target gets the caller's query byte for byte (encoded characters, an encoded
+    slash in the path, an empty query `?`): moving it dropped a bare `?` that plain
+    httpx sends."""
+    a.behaviour = lambda seen: Respond(200, b"ok")
+    driver = make(_route(a))
+    for rest in ("/x?", "/a%2Fb?q=%20x&y=%2F&z", "/x", "?k=v"):
+        assert driver.get("http://alias.example/v1" + rest).status == 200
+        assert a.seen[-1].path == "/v1" + rest
