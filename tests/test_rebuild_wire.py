@@ -9,6 +9,7 @@ sync, async) against `Upstream` servers on 127.0.0.1.
 
 from __future__ import annotations
 
+import io
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -89,3 +90,18 @@ def test_a_query_string_goes_to_the_target_as_the_caller_wrote_it(
     for rest in ("/x?", "/a%2Fb?q=%20x&y=%2F&z", "/x", "?k=v"):
         assert driver.get("http://alias.example/v1" + rest).status == 200
         assert a.seen[-1].path == "/v1" + rest
+
+
+def test_a_file_upload_moved_to_one_target_keeps_its_length(make: MakeDriver, a: Upstream) -> None:
+    """A multipart upload from a file (a body not read ahead: one target, one attempt)
+    goes to the target with the Content-Length httpx gave it, as plain httpx sends it;
+    moving it had sent the upload chunked."""
+    a.behaviour = lambda seen: Respond(200, b"ok")
+    driver = make(_route(a))
+    upload = io.BytesIO(b"x" * 1000)
+    result = driver.post("http://alias.example/v1/files", files={"f": ("a.bin", upload)})
+    assert result.status == 200
+    seen = a.seen[-1]
+    assert "transfer-encoding" not in seen.headers
+    assert seen.headers["content-length"] == str(len(seen.body))
+    assert b"x" * 1000 in seen.body

@@ -36,19 +36,18 @@ def as_httpx_builds(
 ) -> Any:
     """The request for `target` built by httpx itself: the reference `Rebuilder` matches.
 
-    A body that streams along unread (`body` None) keeps the framing it was sent
-    with: a Content-Length its caller gave stays, rather than becoming chunked."""
+    A body that streams along unread (`body` None) is the caller's stream itself,
+    framed as it was sent: its Content-Length (a caller's, a multipart upload's) or
+    its chunking, and for an async client still an async stream (as `content=`,
+    a stream that is both is taken for a sync one)."""
     sent = [(name.lower(), value) for name, value in request.headers.raw]
     headers = rewrite_headers(sent, target, keep_credentials=keep)
     if body is None:
-        headers += [(name, value) for name, value in sent if name == b"content-length"]
-    return type(request)(
-        request.method,
-        url,
-        headers=headers,
-        content=body if body is not None else request.stream,
-        extensions=ext,
-    )
+        headers += [(n, v) for n, v in request.headers.raw if n.lower() in _CONTENT]
+        return type(request)(
+            request.method, url, headers=headers, stream=request.stream, extensions=ext
+        )
+    return type(request)(request.method, url, headers=headers, content=body, extensions=ext)
 
 
 class Rebuilder:
