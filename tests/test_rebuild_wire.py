@@ -105,3 +105,23 @@ def test_a_file_upload_moved_to_one_target_keeps_its_length(make: MakeDriver, a:
     assert "transfer-encoding" not in seen.headers
     assert seen.headers["content-length"] == str(len(seen.body))
     assert b"x" * 1000 in seen.body
+
+
+def test_a_followed_redirect_with_a_body_reaches_the_target(make: MakeDriver, a: Upstream) -> None:
+    """A 307 followed by the client resends the body as a stream it already holds (not
+    read into the request): moved to the target, it was wrapped as a sync stream (an
+    async client's transport failed on it) and sent chunked; it arrives whole, with its
+    Content-Length."""
+    a.behaviour = lambda seen: (
+        Respond(307, b"", headers={"location": "/v1/there"})
+        if seen.path.endswith("/here")
+        else Respond(200, b"ok")
+    )
+    driver = make(_route(a))
+    result = driver.post("http://alias.example/v1/here", content=b'{"k":1}', follow_redirects=True)
+    assert result.status == 200
+    seen = a.seen[-1]
+    assert seen.path == "/v1/there"
+    assert seen.body == b'{"k":1}'
+    assert seen.headers.get("content-length") == "7"
+    assert "transfer-encoding" not in seen.headers
