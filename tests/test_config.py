@@ -378,11 +378,14 @@ def test_header_names_are_lower_cased() -> None:
         ({"x-a": "v", "X-A": "w"}, "given twice"),
         ({"x-a": 3}, "must be a string"),
         ({"x-a": "v\r\nx-b: w"}, "line break"),
+        ({"x-a": "café"}, "not ASCII"),
         (["authorization: v"], "must be a mapping"),
     ],
 )
 def test_bad_headers_are_refused(headers: object, reason: str) -> None:
-    """Header names must be tokens (case-insensitively unique); values single-line strings."""
+    """Header names must be tokens (case-insensitively unique); values single-line ASCII
+    strings (a value outside ASCII was accepted, then every request to the target raised
+    `UnicodeEncodeError` when it was built)."""
     with pytest.raises(ValidationError, match=reason):
         Target(name="a", url="https://a.example", headers=headers)
 
@@ -724,6 +727,7 @@ URL = "url: 'https://a.example'"
 SECRET_DOCUMENTS = {
     "header value of the wrong type": in_target(f"{URL}, headers: {{authorization: [<SECRET>]}}"),
     "header value with a line break": in_target(f'{URL}, headers: {{x-k: "<SECRET>\\r\\nx: y"}}'),
+    "header value outside ascii": in_target(f'{URL}, headers: {{x-k: "<SECRET>é"}}'),
     "header name pasted with its value": in_target(f'{URL}, headers: {{"Bearer <SECRET>": x}}'),
     "header value that is a mapping": in_target(f"{URL}, headers: {{x-k: {{t: <SECRET>}}}}"),
     "headers given as a string": in_target(f"{URL}, headers: 'Authorization: <SECRET>'"),

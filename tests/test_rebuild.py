@@ -118,16 +118,35 @@ def test_a_header_value_outside_ascii_goes_to_the_target_as_the_caller_sent_it(
     module: Any,
 ) -> None:
     """Re-encoding decoded header strings as ASCII refused a UTF-8 value (rewriting the
-    request for the target raised); the kept bytes go along unchanged."""
+    request for the target raised); the kept bytes go along unchanged, from the kept
+    parts and from httpx's own construction alike."""
     request = module.Request(
         "POST", "http://a.example/x", headers={"X-Name": "café".encode()}, content=b"{}"
     )
     url = module.URL("http://backup.example/v2/x")
-    with pytest.raises(UnicodeEncodeError):
-        as_httpx_builds(request, url, TARGETS[0], False, b"{}", {})
+    reference = as_httpx_builds(request, url, TARGETS[0], False, b"{}", {})
     built = Rebuilder().build(request, url, TARGETS[0], False, b"{}", {})
+    assert fields(built) == fields(reference)
     assert built.headers.raw == [
         (b"x-name", "café".encode()),
         (b"host", b"backup.example"),
         (b"Content-Length", b"2"),
     ]
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_target_with_a_host_of_its_own_sends_one_host(module: Any) -> None:
+    """A target's own headers are sent in place of the caller's, and its `Host` in place
+    of the one made from its URL: both constructions sent two `Host` headers (a request
+    servers refuse with a 400), now only the target's, from kept parts as from httpx."""
+    vhost = compile_target(
+        Target(name="vhost", url="http://10.0.0.7:8080/v1", headers={"Host": "api.example"})
+    )
+    url = module.URL("http://10.0.0.7:8080/v1/chat")
+    request = module.Request(
+        "POST", "http://alias.example/v1/chat", headers={"Host": "alias.example"}, content=b"{}"
+    )
+    reference = as_httpx_builds(request, url, vhost, False, b"{}", {})
+    built = Rebuilder().build(request, url, vhost, False, b"{}", {})
+    assert fields(built) == fields(reference)
+    assert [v for n, v in built.headers.raw if n.lower() == b"host"] == [b"api.example"]

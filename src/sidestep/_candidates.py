@@ -83,7 +83,7 @@ class Candidacy(CoreState):
         try:
             key: tuple[int, Any] = (id(target), url._uri_reference)  # a tuple of its parts
         except AttributeError:
-            key = (id(target), url.raw)
+            key = (id(target), str(url))  # the whole URL: its userinfo too, never shared
         kept = self._moved.get(key)
         if kept is not None and kept[0] is target:
             return kept[1]
@@ -94,7 +94,9 @@ class Candidacy(CoreState):
             scheme=target.scheme,
             host=target.host,
             port=target.port,
-            raw_path=(target.path + rest).encode("ascii") + (b"?" + query if query else b""),
+            # an empty query ("?") kept as the caller wrote it, as httpx sends it
+            raw_path=(target.path + rest).encode("ascii")
+            + (b"?" + query if query or url.raw_path.endswith(b"?") else b""),
         )
         if not keep and moved.userinfo:
             moved = moved.copy_with(userinfo=b"")

@@ -227,6 +227,9 @@ def _check_headers(value: object) -> object:
             raise ValueError(f"header {name!r}: the value must be a string")
         if any(ch in text for ch in "\r\n\0"):
             raise ValueError(f"header {name!r}: the value contains a line break or NUL")
+        if not text.isascii():
+            # httpx encodes a header given as text as ASCII: every request would raise
+            raise ValueError(f"header {name!r}: the value is not ASCII")
         if name.lower() in headers:
             raise ValueError(f"header {name!r} is given twice (names are case-insensitive)")
         headers[name.lower()] = text

@@ -34,15 +34,20 @@ _Layout = tuple[tuple[_Entry, ...], tuple[bytes, bytes] | None] | None
 def as_httpx_builds(
     request: Any, url: Any, target: CompiledTarget, keep: bool, body: bytes | None, ext: Any
 ) -> Any:
-    """The request for `target` built by httpx itself: the reference `Rebuilder` matches."""
-    headers = rewrite_headers(list(request.headers.multi_items()), target, keep_credentials=keep)
-    return type(request)(
-        request.method,
-        url,
-        headers=headers,
-        content=body if body is not None else request.stream,
-        extensions=ext,
-    )
+    """The request for `target` built by httpx itself: the reference `Rebuilder` matches.
+
+    A body that streams along unread (`body` None) is the caller's stream itself,
+    framed as it was sent: its Content-Length (a caller's, a multipart upload's) or
+    its chunking, and for an async client still an async stream (as `content=`,
+    a stream that is both is taken for a sync one)."""
+    sent = [(name.lower(), value) for name, value in request.headers.raw]
+    headers = rewrite_headers(sent, target, keep_credentials=keep)
+    if body is None:
+        headers += [(n, v) for n, v in request.headers.raw if n.lower() in _CONTENT]
+        return type(request)(
+            request.method, url, headers=headers, stream=request.stream, extensions=ext
+        )
+    return type(request)(request.method, url, headers=headers, content=body, extensions=ext)
 
 
 class Rebuilder:
@@ -104,10 +109,9 @@ class Rebuilder:
         kept = self._own.get(id(target))
         if kept is not None and kept[0] is target:
             return kept[1]
-        pairs = [("host", target.host_header), *target.headers]
         own: list[_Entry] | None = [
             (name.encode("ascii"), name.lower().encode("ascii"), value.encode("ascii"))
-            for name, value in pairs
+            for name, value in target.sent_headers
         ]
         if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
             own = None  # a content header of its own: httpx places the others around it

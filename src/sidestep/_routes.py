@@ -70,6 +70,14 @@ class CompiledTarget:
     def host_header(self) -> str:
         return _authority(self.scheme, self.host, self.port)
 
+    @property
+    def sent_headers(self) -> tuple[tuple[str, str], ...]:
+        """What it adds to every request: its Host, then its own headers (a Host of its
+        own among them replaces the one made from its URL: one Host is ever sent)."""
+        if any(name == "host" for name, _ in self.headers):
+            return self.headers
+        return (("host", self.host_header), *self.headers)
+
 
 @dataclass(frozen=True, slots=True)
 class CompiledRoute:
@@ -210,12 +218,17 @@ def plain(policy: FailoverPolicy) -> bool:
 
 
 def rewrite_headers(
-    headers: list[tuple[str, str]], target: CompiledTarget, *, keep_credentials: bool
-) -> list[tuple[str, str]]:
-    """The request's headers for `target`: Host anew, credentials kept only where allowed."""
-    out = [(name, value) for name, value in headers if carried(name, target, keep_credentials)]
-    out.append(("host", target.host_header))
-    out.extend(target.headers)
+    headers: list[tuple[bytes, bytes]], target: CompiledTarget, *, keep_credentials: bool
+) -> list[tuple[bytes | str, bytes | str]]:
+    """The request's headers (lowercase names, the bytes sent) for `target`: Host anew,
+    credentials kept only where allowed. The caller's bytes go along as they are: a
+    value outside ASCII is never decoded and encoded again."""
+    out: list[tuple[bytes | str, bytes | str]] = [
+        (name, value)
+        for name, value in headers
+        if carried(name.decode("latin-1"), target, keep_credentials)
+    ]
+    out.extend(target.sent_headers)
     return out
 
 
