@@ -24,9 +24,6 @@ from urllib.parse import quote
 from ._config import (
     Config,
     SidestepConfigWarning,
-    _interpolate,
-    _parse_yaml,
-    _UnresolvedReference,
     _validate,
     load_config,
 )
@@ -35,6 +32,7 @@ from ._errors import ConfigError
 from ._listing import Listing, StoreUnavailable, as_json, matches
 from ._routes import Router
 from ._store_config import build_store
+from ._yaml_document import _interpolate, _parse_yaml, _UnresolvedReference
 
 __all__ = ["add_doctor", "add_operations", "doctor", "operate"]
 
