@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import math
 import sys
@@ -32,18 +33,13 @@ def runner() -> Iterator[ModuleType]:
 
 
 def _scenarios() -> list[str]:
-    names = (
-        "overhead",
-        "hotpath",
-        "throughput",
-        "outage",
-        "hang",
-        "flap",
-        "recovery",
-        "ratelimit",
-        "scale",
-        "redis_store",
-        "sqlite_store",
+    # the runner's own list, read without importing it: collection needs it before any fixture
+    tree = ast.parse((BENCHMARKS / "run.py").read_text())
+    names = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "SCENARIOS" for t in node.targets)
     )
     return [name for name in names if (BENCHMARKS / f"{name}.py").exists()]
 
