@@ -1,7 +1,8 @@
 """The request rebuilt for another target is byte for byte the one httpx itself builds.
 
 `Rebuilder` assembles a moved request from kept parts; `as_httpx_builds` asks
-httpx (or httpx2) to build it from the rewritten header list and the body.
+httpx (or httpx2) to build it, with its constructor, from the moved URL, the
+rewritten header list and the body.
 Pure construction, no I/O: every field a transport reads is compared, the raw
 header list (names, values, order) first.
 """
@@ -15,7 +16,7 @@ import httpx2
 import pytest
 
 from sidestep._config import Target
-from sidestep._rebuild import Rebuilder, as_httpx_builds
+from sidestep._rebuild import Rebuilder, as_httpx_builds, moved_url
 from sidestep._routes import CompiledTarget, compile_target
 
 METHODS = ["GET", "HEAD", "DELETE", "OPTIONS", "POST", "PUT", "PATCH", "QUERY", "PROPFIND"]
@@ -63,6 +64,15 @@ def fields(request: Any) -> dict[str, Any]:
     }
 
 
+def reference(
+    request: Any, target: CompiledTarget, rest: str, keep: bool, body: bytes | None
+) -> Any:
+    """The moved request as httpx's own constructor builds it."""
+    url = moved_url(request.url, target, rest, keep)
+    ext = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
+    return as_httpx_builds(request, url, target, keep, body, ext)
+
+
 @pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
 @pytest.mark.parametrize("keep", [False, True], ids=["credentials dropped", "kept"])
@@ -73,19 +83,22 @@ def test_a_rebuilt_request_is_the_one_httpx_builds(
     headers in httpx's order (Content-Length before or after the others as httpx puts it),
     its URL, body, stream type and extensions — asked twice, so cached parts are reused."""
     rebuilder = Rebuilder()
-    url = module.URL(f"{target.scheme}://{target.host_header}{target.path}/chat?x=1")
+    ext = {"timeout": {"connect": 1.0}, "sni_hostname": "api.example"}
     for method in METHODS:
         for body in BODIES:
             for headers in HEADERS:
-                request = module.Request(method, "http://api.example/v1/chat", headers=headers)
-                ext = {"timeout": {"connect": 1.0}}
-                expected = fields(as_httpx_builds(request, url, target, keep, body, dict(ext)))
+                request = module.Request(
+                    method, "http://api.example/v1/chat?x=1", headers=headers, extensions=ext
+                )
+                expected = fields(reference(request, target, "/chat", keep, body))
+                assert "sni_hostname" not in expected["extensions"]
                 for _ in range(2):
-                    built = rebuilder.build(request, url, target, keep, body, dict(ext))
+                    built = rebuilder.build(request, target, "/chat", keep, body)
                     assert fields(built) == expected, (method, body[:10], headers)
-    # and every one of them was assembled from the kept parts, not handed back to httpx
-    assert len(rebuilder._layouts) == 2 * len(METHODS)
-    assert None not in rebuilder._layouts.values()
+    # and every one of them was assembled from the kept parts, attribute by attribute,
+    # not handed back to httpx
+    assert len(rebuilder._shapes) == 2 * len(METHODS)
+    assert all(shape is not None and shape[-1] for shape in rebuilder._shapes.values())
 
 
 @pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
@@ -98,17 +111,16 @@ def test_a_target_setting_a_content_header_or_a_streamed_body_is_built_by_httpx(
     odd = compile_target(
         Target(name="odd", url="http://b.example", headers={"Content-Length": "2"})
     )
-    url = module.URL("http://b.example/x")
     request = module.Request("POST", "http://a.example/x", content=b"hi")
-    built = rebuilder.build(request, url, odd, False, b"hi", {})
-    assert built.headers.raw == as_httpx_builds(request, url, odd, False, b"hi", {}).headers.raw
+    built = rebuilder.build(request, odd, "/x", False, b"hi")
+    assert built.headers.raw == reference(request, odd, "/x", False, b"hi").headers.raw
 
     def chunks() -> Any:
         yield b"one-shot"
 
     streamed = module.Request("PUT", "http://a.example/x", content=chunks())
-    built = rebuilder.build(streamed, url, TARGETS[0], False, None, {})
-    expected = as_httpx_builds(streamed, url, TARGETS[0], False, None, {})
+    built = rebuilder.build(streamed, TARGETS[0], "/x", False, None)
+    expected = reference(streamed, TARGETS[0], "/x", False, None)
     assert built.headers.raw == expected.headers.raw
     assert built.headers.raw[-1] == (b"Transfer-Encoding", b"chunked")
 
@@ -123,10 +135,8 @@ def test_a_header_value_outside_ascii_goes_to_the_target_as_the_caller_sent_it(
     request = module.Request(
         "POST", "http://a.example/x", headers={"X-Name": "café".encode()}, content=b"{}"
     )
-    url = module.URL("http://backup.example/v2/x")
-    reference = as_httpx_builds(request, url, TARGETS[0], False, b"{}", {})
-    built = Rebuilder().build(request, url, TARGETS[0], False, b"{}", {})
-    assert fields(built) == fields(reference)
+    built = Rebuilder().build(request, TARGETS[0], "/x", False, b"{}")
+    assert fields(built) == fields(reference(request, TARGETS[0], "/x", False, b"{}"))
     assert built.headers.raw == [
         (b"x-name", "café".encode()),
         (b"host", b"backup.example"),
@@ -142,11 +152,47 @@ def test_a_target_with_a_host_of_its_own_sends_one_host(module: Any) -> None:
     vhost = compile_target(
         Target(name="vhost", url="http://10.0.0.7:8080/v1", headers={"Host": "api.example"})
     )
-    url = module.URL("http://10.0.0.7:8080/v1/chat")
     request = module.Request(
         "POST", "http://alias.example/v1/chat", headers={"Host": "alias.example"}, content=b"{}"
     )
-    reference = as_httpx_builds(request, url, vhost, False, b"{}", {})
-    built = Rebuilder().build(request, url, vhost, False, b"{}", {})
-    assert fields(built) == fields(reference)
+    built = Rebuilder().build(request, vhost, "/chat", False, b"{}")
+    assert fields(built) == fields(reference(request, vhost, "/chat", False, b"{}"))
     assert [v for n, v in built.headers.raw if n.lower() == b"host"] == [b"api.example"]
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_request_class_with_a_constructor_of_its_own_is_built_by_that_constructor(
+    module: Any,
+) -> None:
+    """A request made attribute by attribute skips the class's constructor: for a class
+    whose constructor sets more than httpx's (a subclass of the application's), the
+    kept parts go through that constructor, and the request has what it sets."""
+
+    class Tagged(module.Request):  # type: ignore[misc,name-defined]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.tag = "the application's"
+
+    rebuilder = Rebuilder()
+    request = Tagged("POST", "http://api.example/v1/chat", content=b"{}")
+    built = rebuilder.build(request, TARGETS[0], "/chat", False, b"{}")
+    assert type(built) is Tagged and built.tag == "the application's"
+    assert fields(built) == fields(reference(request, TARGETS[0], "/chat", False, b"{}"))
+    assert [shape[-1] for shape in rebuilder._shapes.values()] == [False]
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_url_moved_to_one_target_is_never_another_targets(module: Any) -> None:
+    """Moved URLs are remembered per target: the same caller URL asked for two targets,
+    in turn and again, gets each target's own URL, credentials dropped where they must be."""
+    rebuilder = Rebuilder()
+    url = module.URL("http://user:pw@api.example/v1/chat?api_key=s&x=1")
+    asked = [
+        (TARGETS[0], False, "http://backup.example/v2/chat?x=1"),
+        (TARGETS[1], True, "https://user:pw@backup.example:8443/v1/chat?api_key=s&x=1"),
+        (TARGETS[1], False, "https://backup.example:8443/v1/chat?x=1"),
+    ]
+    first = [str(rebuilder.url(url, target, "/chat", keep)) for target, keep, _ in asked]
+    again = [str(rebuilder.url(url, target, "/chat", keep)) for target, keep, _ in asked[:2]]
+    assert first == [expected for _, _, expected in asked]
+    assert again == first[:2]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
+import httpx2
 import pytest
 
-from sidestep._reverse import client_view
+from sidestep._config import FailoverPolicy
+from sidestep._reverse import client_view, may_change
 from sidestep._routes import Candidates, compile_target
 from sidestep._scopes import origin_key
 
@@ -27,7 +31,10 @@ def view(target_url: str, headers: list[tuple[str, str]]) -> list[tuple[str, str
     raw = [(k.encode(), v.encode()) for k, v in headers]
     target = compile_target(_Target(target_url))
     out = client_view(
-        raw, target, CLIENT, Candidates(None, (target,), "/chat", CLIENT_ORIGIN, False)
+        raw,
+        target,
+        CLIENT,
+        Candidates.of(None, (target,), "/chat", CLIENT_ORIGIN, False, FailoverPolicy()),
     )
     return None if out is None else [(k.decode(), v.decode()) for k, v in out]
 
@@ -104,3 +111,38 @@ def test_a_root_target_maps_every_path_on_its_origin() -> None:
 def test_nothing_changes_without_need(headers: list[tuple[str, str]]) -> None:
     """No URL or cookie header, or the client's own origin and prefix: the headers are left as they are."""
     assert view("https://api.primary.example/openai/v1", headers) is None
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+@pytest.mark.parametrize(
+    ("name", "changes"),
+    [
+        ("Location", True),
+        ("CONTENT-LOCATION", True),
+        ("set-cookie", True),
+        ("Set-Cookie2", True),
+        ("X-Location", False),
+        ("Link", False),
+    ],
+)
+def test_an_answer_is_looked_at_only_when_it_holds_a_header_the_view_may_change(
+    module: Any, name: str, changes: bool
+) -> None:
+    """`may_change` is the quick look before `client_view`: it finds each header the view
+    rewrites or drops, in any case, and an answer it passes over is one the view would
+    hand back unchanged (None)."""
+    headers = module.Headers([("Content-Type", "text/plain"), (name, "https://elsewhere.example/")])
+    assert may_change(headers) is changes
+    assert may_change(_RawOnly(headers.raw)) is changes
+    if not changes:
+        assert (
+            view("https://backup.example/api", [(k.decode(), v.decode()) for k, v in headers.raw])
+            is None
+        )
+
+
+class _RawOnly:
+    """Headers as any other mapping of them keeps them: only the raw pairs."""
+
+    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
+        self.raw = raw

@@ -24,7 +24,7 @@ from ._endings import Endings
 from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
 from ._rebuild import Rebuilder
-from ._routes import Candidates, CompiledTarget, Router, plain
+from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
 from ._store import Admission, MemoryStore, StateStore, Ticket
@@ -84,7 +84,6 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             self._origin_refused = self.store.refused
         # A replacement classifier judges every answer, a 2xx included: no fast verdict.
         self._quick = self._healthy is not _never and not self._custom_classifier
-        self._quick_own = self._quick and plain(self.config.failover)  # unrouted requests
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
@@ -94,8 +93,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         self._quiet: dict[str | None, tuple[Any, ...]] = {}
         self._origins: dict[tuple[str, str, int | None], str] = {}
         self._own: dict[tuple[str, str, int | None], Candidates] = {}
-        self._matched: dict[tuple[tuple[str, str, int | None], str], Candidates] = {}
-        self._moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]] = {}
+        self._matched: dict[tuple[str, str, int | None, str], Candidates] = {}
         self._rebuilder = Rebuilder()
         if self.config.observability.enabled:
             from .metrics import enable_configured  # only what the configuration asks for
@@ -127,16 +125,17 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             # listens for the request's own events, which start before any admission.
             return run
         healthy = self._healthy
-        route = run.cands.route
-        quick = self._quick_own if route is None else self._quick and route.plain
-        targets = run.cands.targets
+        cands = run.cands
+        quick = self._quick and cands.plain
+        targets = cands.targets
         for index, target in enumerate(targets):
             if quick:
                 seq = healthy(target.origin)
                 if seq is not None:
                     # Admitted as the store would admit it (nothing kept for the origin):
                     # its ticket is made only if the request leaves the fast path.
-                    self._candidate(run, index, target)
+                    if index or not cands.direct:
+                        self._candidate(run, index, target)
                     run.index, run.seq, run.ready = index, seq, True
                     run.sent_at = self.clock()
                     return run

@@ -15,7 +15,6 @@ from ._routes import (
     CompiledTarget,
     display_origin,
     merge_json,
-    without_credentials,
 )
 from ._run import CACHE_LIMIT, CoreState, Run
 from ._scopes import ScopeFacts, origin_key
@@ -32,33 +31,46 @@ class Candidacy(CoreState):
             # The parsed parts both flavours keep: plain tuple fields, far cheaper
             # per request than the public properties, which decode on each access.
             ref = url._uri_reference
-            where = (ref.scheme, ref.host, ref.port)
-            path = ref.path or "/"  # still percent-encoded, as it goes on the wire
+            # the path still percent-encoded, as it goes on the wire
+            key = (ref.scheme, ref.host, ref.port, ref.path or "/")
         except AttributeError:
-            where = (url.scheme, url.host, url.port)
-            path = url.raw_path.decode("ascii").partition("?")[0]
-        cands = None
-        if self.router.routes:
-            cands = self._matched.get((where, path))
-            if cands is None:
-                cands = self.router.match(self._origin(where, url), path)
-                if cands is not None and len(self._matched) < CACHE_LIMIT:
-                    self._matched[(where, path)] = cands  # the same answer every time
+            key = (url.scheme, url.host, url.port, url.raw_path.decode("ascii").partition("?")[0])
+        cands = self._matched.get(key)
         if cands is None:
-            cands = self._own.get(where) or self._own_origin(where, url)
-        policy = cands.route.policy if cands.route else self.config.failover
-        deadline = self.clock() + policy.total_timeout if policy.total_timeout else None
+            cands = self._match(key, url)
+        run = Run()
+        run.request = run.sent = request
+        run.cands = cands
+        total = cands.policy.total_timeout
+        if total:
+            run.deadline = self.clock() + total
         content = getattr(request, "_content", None)
         if content is not None:
-            body = content
-        elif len(cands.targets) > 1 or policy.max_attempts_per_target > 1:
-            body = self._streamed_body(request)  # it may have to be sent again
-        else:
-            body = None  # sent once, as it streams: nothing is read ahead
-        return Run(request, cands, policy, body, deadline, "" if cands.route else path)
+            run.body = run.sent_body = content
+        elif cands.replay:
+            run.body = run.sent_body = self._streamed_body(request)  # it may be sent again
+        # else sent once, as it streams: nothing is read ahead (`body` None)
+        if cands.route is None:
+            run.endpoint = key[3]
+        return run
+
+    def _match(self, key: tuple[str, str, int | None, str], url: Any) -> Candidates:
+        """The candidates of requests to `key` (scheme, host, port, path): the route
+        matched, or the request's own origin; remembered (a full memory starts again)."""
+        where, path = key[:3], key[3]
+        cands = None
+        if self.router.routes:
+            cands = self.router.match(self._origin(where, url), path)
+        if cands is None:
+            cands = self._own.get(where) or self._own_origin(where, url)
+        if len(self._matched) >= CACHE_LIMIT:
+            self._matched.clear()
+        self._matched[key] = cands  # the same answer every time
+        return cands
 
     def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:
-        """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`."""
+        """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`
+        (the first of a `direct` route's sends the request itself, as `_start` left it)."""
         if index == 0 and run.cands.direct:
             run.sent, run.sent_body = run.request, run.body
         else:
@@ -77,33 +89,6 @@ class Candidacy(CoreState):
             extensions=sent.extensions,
         )
 
-    def _target_url(self, url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
-        """`url` moved to `target` (credentials in it kept only if `keep`), remembered:
-        URLs are immutable, and parsing one is most of the cost of a rewrite."""
-        try:
-            key: tuple[int, Any] = (id(target), url._uri_reference)  # a tuple of its parts
-        except AttributeError:
-            key = (id(target), str(url))  # the whole URL: its userinfo too, never shared
-        kept = self._moved.get(key)
-        if kept is not None and kept[0] is target:
-            return kept[1]
-        query: bytes = url.query
-        if query and not keep:
-            query = without_credentials(query)
-        moved = url.copy_with(
-            scheme=target.scheme,
-            host=target.host,
-            port=target.port,
-            # an empty query ("?") kept as the caller wrote it, as httpx sends it
-            raw_path=(target.path + rest).encode("ascii")
-            + (b"?" + query if query or url.raw_path.endswith(b"?") else b""),
-        )
-        if not keep and moved.userinfo:
-            moved = moved.copy_with(userinfo=b"")
-        if len(self._moved) < CACHE_LIMIT:
-            self._moved[key] = (target, moved)  # the target kept too: its id stays its own
-        return moved
-
     def _origin(self, where: tuple[str, str, int | None], url: Any) -> str:
         """The origin key of a URL whose (scheme, host, port) is `where` (cached; bounded)."""
         origin = self._origins.get(where)
@@ -119,7 +104,7 @@ class Candidacy(CoreState):
         scheme, host, port = url.scheme, url.host, url.port
         shown = display_origin(scheme, host, port)
         target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
-        cands = Candidates(None, (target,), "", origin, direct=True)
+        cands = Candidates.of(None, (target,), "", origin, True, self.config.failover)
         if len(self._own) < CACHE_LIMIT:
             self._own[where] = cands
         return cands
@@ -142,6 +127,4 @@ class Candidacy(CoreState):
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)
-        url = self._target_url(request.url, target, run.cands.rest, keep)
-        extensions = {k: v for k, v in request.extensions.items() if k != "sni_hostname"}
-        return self._rebuilder.build(request, url, target, keep, body, extensions), body
+        return self._rebuilder.build(request, target, run.cands.rest, keep, body), body

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from ._errors import AllCandidatesSuspended, CandidateStatus
-from ._reverse import client_view
+from ._reverse import client_view, may_change
 from ._routes import CompiledTarget
 from ._run import CoreState, Run, skip_status
 from ._suspended import unavailable_body, unavailable_headers
@@ -38,12 +38,14 @@ class Endings(CoreState):
     """How a request ends: the answer handed over, or every candidate suspended."""
 
     def _attribute(self, response: Any, run: Run, target: CompiledTarget, index: int) -> Any:
-        if index or not run.cands.direct:  # a rewritten target: its answer in the client's terms
-            raw = client_view(response.headers.raw, target, run.request.url, run.cands)
+        cands = run.cands
+        if (index or not cands.direct) and may_change(response.headers):
+            # a rewritten target: its answer in the client's terms
+            raw = client_view(response.headers.raw, target, run.request.url, cands)
             if raw is not None:
                 response.headers = type(response.headers)(raw)
         response.extensions["sidestep"] = {
-            "route": run.route_name,
+            "route": cands.name,
             "target": target.name,
             "attempts": run.attempts,
             "failover": index > 0,

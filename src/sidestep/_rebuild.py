@@ -1,15 +1,17 @@
 """The request rebuilt for another target, byte for byte as httpx would build it, cheaply.
 
-`type(request)(method, url, headers=[...], content=body)` re-encodes every
-header, looks each content header up by name and builds the header list
-twice: most of what a request moved to a backup costs. `Rebuilder` makes
-the same request from parts it keeps: each target's own headers encoded
-once, each header name's fate (kept, dropped, a credential) judged once per
-target, and where httpx puts the content headers for a method and an empty
-or non-empty body learnt once per request class, from a request httpx
-builds itself. What it does not know to build the same way (a streamed
-body, a target that sets a content header) it leaves to the caller, which
-builds it as httpx does (`as_httpx_builds`).
+`type(request)(method, url, headers=[...], content=body)` parses the URL,
+re-encodes every header, looks each content header up by name and builds
+the header list twice: most of what a request moved to a backup costs.
+`Rebuilder` makes the same request from parts it keeps, per target (a
+`_Plan`): the moved URL of each URL asked, the target's own headers encoded
+once, each header name's fate (kept, dropped, a credential) judged once.
+Per request class, method and empty or non-empty body (a `_Shape`), it
+learns once, from requests httpx builds itself, where httpx puts the
+content headers and whether a request assembled attribute by attribute is
+the one its constructor makes. What it does not know to build the same way
+(a streamed body, a target that sets a content header, a request class it
+cannot assemble) it leaves to httpx's own construction (`as_httpx_builds`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ._routes import CompiledTarget, carried, rewrite_headers
+from ._routes import CompiledTarget, carried, rewrite_headers, without_credentials
 from ._run import CACHE_LIMIT
 
 __all__ = ["Rebuilder", "as_httpx_builds"]
@@ -25,10 +27,6 @@ __all__ = ["Rebuilder", "as_httpx_builds"]
 _CONTENT = (b"content-length", b"transfer-encoding")
 _PROBE_HOST = "probe.invalid"
 _Entry = tuple[bytes, bytes, bytes]  # a header as httpx keeps it: (name, lowercase name, value)
-# Where httpx puts its content headers around the others: the entries before them, and
-# the (name, lowercase name) of a Content-Length after them, whose value is the body's
-# length (None: nothing after); None when httpx does something else.
-_Layout = tuple[tuple[_Entry, ...], tuple[bytes, bytes] | None] | None
 
 
 def as_httpx_builds(
@@ -50,40 +48,95 @@ def as_httpx_builds(
     return type(request)(request.method, url, headers=headers, content=body, extensions=ext)
 
 
+def moved_url(url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
+    """`url` (the caller's, `rest` its path after the route's prefix) moved to `target`:
+    credentials in it (userinfo, credential query parameters) kept only if `keep`."""
+    query: bytes = url.query
+    if query and not keep:
+        query = without_credentials(query)
+    moved = url.copy_with(
+        scheme=target.scheme,
+        host=target.host,
+        port=target.port,
+        # an empty query ("?") kept as the caller wrote it, as httpx sends it
+        raw_path=(target.path + rest).encode("ascii")
+        + (b"?" + query if query or url.raw_path.endswith(b"?") else b""),
+    )
+    if not keep and moved.userinfo:
+        moved = moved.copy_with(userinfo=b"")
+    return moved
+
+
+class _Plan:
+    """What is kept for one target."""
+
+    __slots__ = ("fates", "own", "target", "urls")
+
+    def __init__(self, target: CompiledTarget) -> None:
+        self.target = target  # kept so that its id stays its own
+        # its Host and own headers encoded; None: it sets a content header itself,
+        # and httpx places the others around it
+        self.own: list[_Entry] | None = [
+            (name.encode("ascii"), name.lower().encode("ascii"), value.encode("ascii"))
+            for name, value in target.sent_headers
+        ]
+        if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
+            self.own = None
+        # per `keep` (False, True): {lowercase header name: whether it goes along}
+        self.fates: tuple[dict[bytes, bool], dict[bytes, bool]] = ({}, {})
+        # per `keep`: {the URL's parsed parts (or its text): the URL moved here} (a URL
+        # decides the path after its route's prefix)
+        self.urls: tuple[dict[Any, Any], dict[Any, Any]] = ({}, {})
+
+
+# Where httpx puts its content headers around the others, and how to make the request:
+# (entries before them, the (name, lowercase name) of a Content-Length after them whose
+# value is the body's length (None: nothing after), the body stream class, the headers
+# class, whether assembling attribute by attribute makes the constructor's request).
+_Shape = tuple[
+    tuple[_Entry, ...], tuple[bytes, bytes] | None, Callable[[bytes], Any], Callable[[], Any], bool
+]
+
+
 class Rebuilder:
     """Requests for other targets, as `as_httpx_builds` builds them, from kept parts."""
 
-    __slots__ = ("_kinds", "_layouts", "_names", "_own")
+    __slots__ = ("_plans", "_shapes")
 
     def __init__(self) -> None:
-        self._layouts: dict[tuple[type[Any], str, bool], _Layout] = {}
-        # (id(target), keep) -> (target, {lowercase header name: whether it goes along})
-        self._names: dict[tuple[int, bool], tuple[CompiledTarget, dict[bytes, bool]]] = {}
-        # id(target) -> (target, its Host and own headers encoded; None: built by httpx)
-        self._own: dict[int, tuple[CompiledTarget, list[_Entry] | None]] = {}
-        # request class -> (its body stream class, its headers class)
-        self._kinds: dict[type[Any], tuple[Callable[[bytes], Any], Callable[[], Any]]] = {}
+        self._plans: dict[int, _Plan] = {}  # id(target) -> its plan
+        # (request class, method, empty body) -> its shape; None: httpx builds it
+        self._shapes: dict[tuple[type[Any], str, bool], _Shape | None] = {}
+
+    def url(self, url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
+        """`moved_url`, remembered: URLs are immutable, and parsing one is most of its cost."""
+        return self._url(self._plan(target), url, rest, keep)
 
     def build(
-        self,
-        request: Any,
-        url: Any,
-        target: CompiledTarget,
-        keep: bool,
-        body: bytes | None,
-        extensions: dict[str, Any],
+        self, request: Any, target: CompiledTarget, rest: str, keep: bool, body: bytes | None
     ) -> Any:
-        """The request for `target`: `url`, the headers that go there, `body`."""
-        own = self._own_headers(target)
+        """The request for `target`: its URL moved, the headers that go there, `body`."""
+        plan = self._plan(target)
+        url = self._url(plan, request.url, rest, keep)
+        extensions = request.extensions
+        if "sni_hostname" in extensions:  # the caller's server name is not the target's
+            extensions = {k: v for k, v in extensions.items() if k != "sni_hostname"}
+        else:
+            extensions = dict(extensions)
+        own = plan.own
         items = getattr(request.headers, "_list", None)
         cls = type(request)
-        layout = None
+        shape = None
         if body is not None and own is not None and items is not None:
-            layout = self._layout(cls, request.method, not body)
-        if layout is None or body is None or own is None or items is None:
+            method = request.method
+            try:
+                shape = self._shapes[(cls, method, not body)]
+            except KeyError:
+                shape = self._shape(cls, method, not body)
+        if shape is None or body is None or own is None or items is None:
             return as_httpx_builds(request, url, target, keep, body, extensions)
-        before, after = layout
-        goes = self._fates(target, keep)
+        before, after, stream_cls, headers_cls, assemble = shape
+        goes = plan.fates[keep]
         # httpx's own entries, (name as sent, lowercase name, value): each header
         # built once per target or per name, none encoded or looked up per request
         entries = list(before)
@@ -96,7 +149,10 @@ class Rebuilder:
         entries += own
         if after is not None:
             entries.append((*after, str(len(body)).encode("ascii")))
-        stream_cls, headers_cls = self._kinds[cls]
+        if assemble:
+            return _assembled(
+                cls, request.method, url, entries, headers_cls, body, stream_cls, extensions
+            )
         headers = headers_cls()
         headers._list = entries
         rebuilt = cls(
@@ -105,28 +161,29 @@ class Rebuilder:
         rebuilt._content = body  # in memory, as content= leaves it
         return rebuilt
 
-    def _own_headers(self, target: CompiledTarget) -> list[_Entry] | None:
-        kept = self._own.get(id(target))
-        if kept is not None and kept[0] is target:
-            return kept[1]
-        own: list[_Entry] | None = [
-            (name.encode("ascii"), name.lower().encode("ascii"), value.encode("ascii"))
-            for name, value in target.sent_headers
-        ]
-        if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
-            own = None  # a content header of its own: httpx places the others around it
-        if len(self._own) < CACHE_LIMIT:
-            self._own[id(target)] = (target, own)  # the target kept too: its id stays its own
-        return own
+    def _plan(self, target: CompiledTarget) -> _Plan:
+        plan = self._plans.get(id(target))
+        if plan is not None and plan.target is target:
+            return plan
+        plan = _Plan(target)
+        if len(self._plans) < CACHE_LIMIT:
+            self._plans[id(target)] = plan
+        return plan
 
-    def _fates(self, target: CompiledTarget, keep: bool) -> dict[bytes, bool]:
-        kept = self._names.get((id(target), keep))
-        if kept is not None and kept[0] is target:
-            return kept[1]
-        fates: dict[bytes, bool] = {}
-        if len(self._names) < CACHE_LIMIT:
-            self._names[(id(target), keep)] = (target, fates)
-        return fates
+    @staticmethod
+    def _url(plan: _Plan, url: Any, rest: str, keep: bool) -> Any:
+        try:
+            key: Any = url._uri_reference  # a tuple of its parts
+        except AttributeError:
+            key = str(url)  # the whole URL: its userinfo too, never shared
+        urls = plan.urls[keep]
+        moved = urls.get(key)
+        if moved is None:
+            moved = moved_url(url, plan.target, rest, keep)
+            if len(urls) >= CACHE_LIMIT:
+                urls.clear()  # a full memory starts again
+            urls[key] = moved
+        return moved
 
     @staticmethod
     def _judge(fates: dict[bytes, bool], name: bytes, target: CompiledTarget, keep: bool) -> bool:
@@ -136,18 +193,14 @@ class Rebuilder:
             fates[name] = kept
         return kept
 
-    def _layout(self, cls: type[Any], method: str, empty: bool) -> _Layout:
-        """Where `cls` puts its content headers for `method` and an (empty) body: learnt once."""
-        key = (cls, method, empty)
-        try:
-            return self._layouts[key]
-        except KeyError:
-            pass
-        layout: _Layout = None
+    def _shape(self, cls: type[Any], method: str, empty: bool) -> _Shape | None:
+        """How `cls` is built for `method` and an (empty) body: learnt once, from httpx."""
+        shape: _Shape | None = None
         body = b"" if empty else b"1"
         host = (b"host", b"host", _PROBE_HOST.encode("ascii"))
+        url = f"http://{_PROBE_HOST}/"
         try:
-            probe = cls(method, f"http://{_PROBE_HOST}/", headers=[host[::2]], content=body)
+            probe = cls(method, url, headers=[host[::2]], content=body)
         except Exception:
             probe = None  # a method it does not build: the caller's own construction decides
         entries = getattr(getattr(probe, "headers", None), "_list", None)
@@ -155,11 +208,65 @@ class Rebuilder:
             at = entries.index(host)
             before, after = tuple(entries[:at]), entries[at + 1 :]
             content = all(lower in _CONTENT for _, lower, _ in (*before, *after))
+            kinds = type(probe.stream), type(probe.headers)
             if content and not after:
-                layout = (before, None)
+                shape = (before, None, *kinds, _assembles(probe, *kinds))
             elif content and not empty and len(after) == 1 and after[0][2] == b"1":
-                layout = (before, after[0][:2])
-            self._kinds.setdefault(cls, (type(probe.stream), type(probe.headers)))
-        if len(self._layouts) < CACHE_LIMIT:
-            self._layouts[key] = layout
-        return layout
+                shape = (before, after[0][:2], *kinds, _assembles(probe, *kinds))
+        if len(self._shapes) < CACHE_LIMIT:
+            self._shapes[(cls, method, empty)] = shape
+        return shape
+
+
+def _assembled(
+    cls: type[Any],
+    method: str,
+    url: Any,
+    entries: list[_Entry],
+    headers_cls: Any,
+    body: bytes,
+    stream_cls: Callable[[bytes], Any],
+    extensions: dict[str, Any],
+) -> Any:
+    """The request `cls(method, url, headers=..., stream=..., extensions=...)` makes
+    (its content read), set attribute by attribute: none parsed or copied again."""
+    headers = headers_cls.__new__(headers_cls)
+    headers._list = entries
+    headers._encoding = None
+    request = cls.__new__(cls)
+    request.method = method
+    request.url = url
+    request.headers = headers
+    request.extensions = extensions
+    request.stream = stream_cls(body)
+    request._content = body
+    return request
+
+
+def _assembles(probe: Any, stream_cls: Any, headers_cls: Any) -> bool:
+    """Whether `_assembled` makes what the constructor makes of `probe`'s parts."""
+    body = probe.content
+    try:
+        headers = headers_cls()
+        headers._list = list(probe.headers._list)
+        made = type(probe)(
+            probe.method, probe.url, headers=headers, stream=stream_cls(body), extensions={}
+        )
+        made._content = body
+        entries = list(probe.headers._list)
+        ours = _assembled(
+            type(probe), probe.method, probe.url, entries, headers_cls, body, stream_cls, {}
+        )
+    except Exception:
+        return False
+    same = vars(made).keys() == vars(ours).keys() and vars(made.headers) == vars(ours.headers)
+    return (
+        same
+        and all(
+            getattr(made, name) == getattr(ours, name)
+            for name in vars(made)
+            if name not in ("headers", "stream")
+        )
+        and type(made.stream) is type(ours.stream)
+        and b"".join(made.stream) == b"".join(ours.stream)
+    )

@@ -27,11 +27,23 @@ from urllib.parse import urljoin, urlsplit
 from ._routes import Candidates, CompiledTarget, display_origin, without_credentials
 from ._scopes import origin_key
 
-__all__ = ["client_view"]
+__all__ = ["client_view", "may_change"]
 
 _URLS = frozenset({b"location", b"content-location"})
 _COOKIES = frozenset({b"set-cookie", b"set-cookie2"})
 _WATCHED = _URLS | _COOKIES
+
+
+def may_change(headers: Any) -> bool:
+    """Whether an answer's headers (httpx's or httpx2's) hold one `client_view` may change:
+    most answers hold none, and are handed over without a look at any value."""
+    entries = getattr(headers, "_list", None)  # (name, lowercase name, value), as kept
+    if entries is None:
+        return any(name.lower() in _WATCHED for name, _ in headers.raw)
+    for entry in entries:  # noqa: SIM110 - a loop makes no generator per answer
+        if entry[1] in _WATCHED:
+            return True
+    return False
 
 
 def client_view(

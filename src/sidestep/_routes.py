@@ -93,9 +93,10 @@ class CompiledRoute:
 
 
 class Candidates(NamedTuple):
-    """A request's route (None if unrouted), its candidates in order, the path after the prefix.
+    """A request's route (None if unrouted), its candidates in order, the path after the
+    prefix, and what follows from them for every request that matches the same way.
 
-    Made per request, so a tuple (the cheapest value to build).
+    Remembered per origin and path, so what a request needs of its route is read once.
     """
 
     route: CompiledRoute | None
@@ -103,6 +104,34 @@ class Candidates(NamedTuple):
     rest: str  # the request path after the matched prefix
     origin: str  # the request's own origin (scope-key form)
     direct: bool  # the first candidate is the request's own URL: no rewrite needed
+    policy: FailoverPolicy  # the route's, or the configuration's for an unrouted request
+    name: str | None = None  # the route's
+    # a body not in memory yet is read ahead: it may have to be sent again
+    replay: bool = False
+    plain: bool = False  # CompiledRoute.plain, or the same of the policy when unrouted
+
+    @classmethod
+    def of(
+        cls,
+        route: CompiledRoute | None,
+        targets: tuple[CompiledTarget, ...],
+        rest: str,
+        origin: str,
+        direct: bool,
+        policy: FailoverPolicy,
+    ) -> Candidates:
+        """The candidates, with what follows from them."""
+        return cls(
+            route,
+            targets,
+            rest,
+            origin,
+            direct,
+            policy,
+            None if route is None else route.name,
+            len(targets) > 1 or policy.max_attempts_per_target > 1,
+            plain(policy) if route is None else route.plain,
+        )
 
 
 def _split(url: str) -> tuple[str, str, int | None, str]:
@@ -194,7 +223,8 @@ class Router:
             return None
         for prefix, route, targets, direct in prefixes:
             if path == prefix or path.startswith(prefix + "/") or not prefix:
-                return Candidates(route, targets, path[len(prefix) :], origin, direct)
+                rest = path[len(prefix) :]
+                return Candidates.of(route, targets, rest, origin, direct, route.policy)
         return None
 
 

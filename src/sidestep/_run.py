@@ -59,25 +59,20 @@ class Run:
     watched = False  # someone listens: attempt and request events are emitted
     result = ""  # the latest attempt's result, as `attempt.finished` named it
 
-    def __init__(
-        self,
-        request: Any,
-        cands: Candidates,
-        policy: FailoverPolicy,
-        body: bytes | None,
-        deadline: float | None,
-        endpoint: str,
-    ) -> None:
-        self.request = request
-        self.endpoint = endpoint  # an unrouted request's path; "" for a routed one
-        self.cands = cands
-        self.policy = policy
-        self.body = body  # None: a one-shot stream, sent to one target only
-        self.deadline = deadline
+    body: bytes | None = None  # None: a one-shot stream, sent to one target only
+    deadline: float | None = None
+    endpoint = ""  # an unrouted request's path; "" for a routed one
+    # Set as the run is made (`Candidacy._start`), with no __init__: a call saved.
+    request: Any
+    cands: Candidates
+
+    @property
+    def policy(self) -> FailoverPolicy:
+        return self.cands.policy
 
     @property
     def route_name(self) -> str | None:
-        return self.cands.route.name if self.cands.route else None
+        return self.cands.name
 
 
 def skip_status(
@@ -122,6 +117,5 @@ class CoreState:
     _quiet: dict[str | None, tuple[Any, ...]]
     _origins: dict[tuple[str, str, int | None], str]
     _own: dict[tuple[str, str, int | None], Candidates]
-    _matched: dict[tuple[tuple[str, str, int | None], str], Candidates]
-    _moved: dict[tuple[int, Any], tuple[CompiledTarget, Any]]
+    _matched: dict[tuple[str, str, int | None, str], Candidates]
     _rebuilder: Rebuilder

@@ -276,6 +276,7 @@ _STRUCTLOG_METHODS = {
 _logger = logging.getLogger("sidestep")
 _logger.addHandler(logging.NullHandler())  # a library adds no other handler
 _structlog_logger = structlog.get_logger("sidestep")
+_structlog_configured = structlog.is_configured
 _observers: tuple[Observer, ...] = ()
 _observers_lock = threading.Lock()
 
@@ -301,9 +302,7 @@ def listening(level: int = logging.DEBUG) -> bool:
     (``attempt.*``, ``request.*``), so that with no observer and no logger
     at ``level`` they cost one call and nothing else.
     """
-    if _observers:
-        return True
-    return structlog.is_configured() or _logger.isEnabledFor(level)
+    return bool(_observers) or _logger.isEnabledFor(level) or _structlog_configured()
 
 
 def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
