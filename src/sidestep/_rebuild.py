@@ -219,7 +219,7 @@ class Rebuilder:
 
 
 def _assembled(
-    cls: type[Any],
+    cls: Any,
     method: str,
     url: Any,
     entries: list[_Entry],
