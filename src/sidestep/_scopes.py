@@ -19,7 +19,7 @@ import math
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
@@ -195,6 +195,20 @@ class ScopeKey:
     credential: str = ""
     model: str = ""
     endpoint: str = ""  # an endpoint scope's path fingerprint (never a path)
+    # Its hash, made once: a key is looked up in the store's tables several times
+    # per request, and a dataclass's own hash is a tuple built each time.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        parts = (self.kind, self.origin, self.credential, self.model, self.endpoint)
+        object.__setattr__(self, "_hash", hash(parts))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[ScopeKey], tuple[Any, ...]]:
+        # made again where it is unpickled: a hash holds that process's string hashes
+        return ScopeKey, (self.kind, self.origin, self.credential, self.model, self.endpoint)
 
     @property
     def key(self) -> str:
