@@ -69,12 +69,23 @@ class Candidacy(CoreState):
         return cands
 
     def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:
-        """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`
-        (the first of a `direct` route's sends the request itself, as `_start` left it)."""
-        if index == 0 and run.cands.direct:
+        """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`:
+        the first of a `direct` route's is the request itself (as `_start` left it);
+        any other, the request rebuilt for its target.
+
+        Credentials — credential headers, URL userinfo, credential query
+        parameters — go to another origin only when the target inherits them.
+        """
+        cands = run.cands
+        if index == 0 and cands.direct:
             run.sent, run.sent_body = run.request, run.body
-        else:
-            run.sent, run.sent_body = self._rewrite(run, target)
+            return
+        keep = target.origin == cands.origin or target.inherit_credentials
+        body = run.body
+        if body is not None and target.json_fields:
+            body = merge_json(body, target.json_fields)
+        run.sent = self._rebuilder.build(run.request, target, cands.rest, keep, body)
+        run.sent_body = body
 
     def _scope_facts(self, run: Run, target: CompiledTarget) -> ScopeFacts:
         """What the scopes of the candidate's request (`_candidate`) are made of."""
@@ -115,16 +126,3 @@ class Candidacy(CoreState):
             # in-memory parts, or bytes passed as a stream (a followed redirect's body)
             return request.read()  # type: ignore[no-any-return]
         return None
-
-    def _rewrite(self, run: Run, target: CompiledTarget) -> tuple[Any, bytes | None]:
-        """The request rebuilt for `target`, and its body.
-
-        Credentials — credential headers, URL userinfo, credential query
-        parameters — go to another origin only when the target inherits them.
-        """
-        request = run.request
-        keep = target.origin == run.cands.origin or target.inherit_credentials
-        body = run.body
-        if body is not None and target.json_fields:
-            body = merge_json(body, target.json_fields)
-        return self._rebuilder.build(request, target, run.cands.rest, keep, body), body

@@ -110,14 +110,30 @@ class Rebuilder:
 
     def url(self, url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
         """`moved_url`, remembered: URLs are immutable, and parsing one is most of its cost."""
-        return self._url(self._plan(target), url, rest, keep)
+        plan = self._plans.get(id(target))
+        if plan is None or plan.target is not target:
+            plan = self._plan(target)
+        try:
+            key: Any = url._uri_reference
+        except AttributeError:
+            key = str(url)
+        return plan.urls[keep].get(key) or self._moved(plan, url, key, rest, keep)
 
     def build(
         self, request: Any, target: CompiledTarget, rest: str, keep: bool, body: bytes | None
     ) -> Any:
         """The request for `target`: its URL moved, the headers that go there, `body`."""
-        plan = self._plan(target)
-        url = self._url(plan, request.url, rest, keep)
+        plan = self._plans.get(id(target))
+        if plan is None or plan.target is not target:
+            plan = self._plan(target)
+        url = request.url
+        try:
+            key: Any = url._uri_reference  # its parsed parts: a tuple
+        except AttributeError:
+            key = str(url)  # the whole URL: its userinfo too, never shared
+        moved = plan.urls[keep].get(key)
+        if moved is None:
+            moved = self._moved(plan, url, key, rest, keep)
         extensions = request.extensions
         if "sni_hostname" in extensions:  # the caller's server name is not the target's
             extensions = {k: v for k, v in extensions.items() if k != "sni_hostname"}
@@ -134,7 +150,7 @@ class Rebuilder:
             except KeyError:
                 shape = self._shape(cls, method, not body)
         if shape is None or body is None or own is None or items is None:
-            return as_httpx_builds(request, url, target, keep, body, extensions)
+            return as_httpx_builds(request, moved, target, keep, body, extensions)
         before, after, stream_cls, headers_cls, assemble = shape
         goes = plan.fates[keep]
         # httpx's own entries, (name as sent, lowercase name, value): each header
@@ -151,38 +167,31 @@ class Rebuilder:
             entries.append((*after, str(len(body)).encode("ascii")))
         if assemble:
             return _assembled(
-                cls, request.method, url, entries, headers_cls, body, stream_cls, extensions
+                cls, request.method, moved, entries, headers_cls, body, stream_cls, extensions
             )
         headers = headers_cls()
         headers._list = entries
         rebuilt = cls(
-            request.method, url, headers=headers, stream=stream_cls(body), extensions=extensions
+            request.method, moved, headers=headers, stream=stream_cls(body), extensions=extensions
         )
         rebuilt._content = body  # in memory, as content= leaves it
         return rebuilt
 
     def _plan(self, target: CompiledTarget) -> _Plan:
-        plan = self._plans.get(id(target))
-        if plan is not None and plan.target is target:
-            return plan
+        """A new plan for `target`, remembered by its id (the plan keeps the target)."""
         plan = _Plan(target)
         if len(self._plans) < CACHE_LIMIT:
             self._plans[id(target)] = plan
         return plan
 
     @staticmethod
-    def _url(plan: _Plan, url: Any, rest: str, keep: bool) -> Any:
-        try:
-            key: Any = url._uri_reference  # a tuple of its parts
-        except AttributeError:
-            key = str(url)  # the whole URL: its userinfo too, never shared
+    def _moved(plan: _Plan, url: Any, key: Any, rest: str, keep: bool) -> Any:
+        """`url` (known as `key`) moved to the plan's target, remembered."""
+        moved = moved_url(url, plan.target, rest, keep)
         urls = plan.urls[keep]
-        moved = urls.get(key)
-        if moved is None:
-            moved = moved_url(url, plan.target, rest, keep)
-            if len(urls) >= CACHE_LIMIT:
-                urls.clear()  # a full memory starts again
-            urls[key] = moved
+        if len(urls) >= CACHE_LIMIT:
+            urls.clear()  # a full memory starts again
+        urls[key] = moved
         return moved
 
     @staticmethod

@@ -7,7 +7,6 @@ attempt and after how long, and the store's record with its events.
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Generator
@@ -23,7 +22,7 @@ from ._routes import CompiledTarget
 from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run, skip_status
 from ._scopes import ScopeKind
 from ._store import Admission, Refusal, Ticket, Transition
-from .logging import emit, listening
+from .logging import emit
 
 __all__ = ["Verdicts"]
 
@@ -192,7 +191,7 @@ class Verdicts(CoreState):
         refusal = admission.refusal
         assert refusal is not None
         run.skipped += ((target, refusal, now),)  # its status is made only if it is read
-        if listening(logging.DEBUG):
+        if run.watched:  # the request's DEBUG events are heard, as it started
             _skipped(
                 run, target, refusal, retry_in_s=skip_status(target, refusal, now)[0].retry_after
             )
@@ -200,7 +199,7 @@ class Verdicts(CoreState):
     def _observe_skip(self, run: Run, target: CompiledTarget, admission: Admission) -> None:
         refusal = admission.refusal
         assert refusal is not None
-        if listening(logging.DEBUG):
+        if run.watched:
             _skipped(run, target, refusal, enforced=False)
 
     def _announce(
