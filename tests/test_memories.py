@@ -1,0 +1,110 @@
+"""The core's memories change no answer: a full one starts again, a key carried elsewhere still finds its entry.
+
+Pure logic: the upstream is an `httpx.MockTransport` that records where each
+request went; a scope key crosses into a real child Python process.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import sidestep
+from sidestep._run import CACHE_LIMIT
+from sidestep._scopes import ScopeKey, ScopeKind
+
+CONFIG = {
+    "routes": [
+        {
+            "name": "wide",
+            "match": ["http://alias.example/v1"],
+            "targets": [{"name": "p", "url": "http://p.example/v1"}],
+        },
+        {
+            "name": "narrow",
+            "match": ["http://alias.example/v1/chat"],
+            "targets": [{"name": "q", "url": "http://q.example/x"}],
+        },
+    ]
+}
+
+# (the URL asked for request n, the URL that must be sent, the route it matched)
+FORMS = [
+    ("http://alias.example/v1/n{n}", "http://p.example/v1/n{n}", "wide"),
+    ("http://alias.example/v1/chat/n{n}", "http://q.example/x/n{n}", "narrow"),
+    ("http://alias.example:8080/v1/chat/n{n}", "http://alias.example:8080/v1/chat/n{n}", None),
+    ("https://alias.example/v1/n{n}?q=1", "https://alias.example/v1/n{n}?q=1", None),
+    ("http://alias.example/v1/caf%C3%A9/n{n}", "http://p.example/v1/caf%C3%A9/n{n}", "wide"),
+]
+
+
+def test_more_paths_than_the_candidates_memory_holds_still_go_where_they_match() -> None:
+    """Candidates are remembered per scheme, host, port and path, and the memory starts
+    again when full: past that many distinct paths, mixing overlapping routes (the longest
+    prefix wins), unrouted ports and schemes and percent-encoded paths, every request is
+    still sent to its own target's URL under its own route, the paths asked before the
+    memory started again included."""
+    sent: list[str] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        sent.append(str(request.url))
+        return httpx.Response(200, content=b"ok")
+
+    transport = sidestep.FailoverTransport(CONFIG, transport=httpx.MockTransport(upstream))
+    with httpx.Client(transport=transport) as client:
+
+        def check(n: int) -> None:
+            asked, expected, route = FORMS[n % len(FORMS)]
+            response = client.get(asked.format(n=n))
+            assert sent[-1] == expected.format(n=n)
+            assert response.extensions["sidestep"]["route"] == route
+
+        for n in range(CACHE_LIMIT + 2 * len(FORMS) + 100):
+            check(n)
+        assert len(transport._core._matched) <= CACHE_LIMIT  # it started again
+        for n in range(2 * len(FORMS)):  # asked before it started again
+            check(n)
+
+
+_CHILD = """
+import pickle, sys
+from sidestep._scopes import ScopeKey, ScopeKind
+table = pickle.loads(sys.stdin.buffer.read())
+key = ScopeKey(ScopeKind.CREDENTIAL_MODEL, "https://api.example:443", "fp", "m")
+print(table.get(key), [hash(k) == hash(key) for k in table])
+"""
+
+
+def test_a_scope_key_unpickled_in_another_process_finds_its_entry() -> None:
+    """A scope key's hash is made once, with the string hashes of the process that made
+    it; unpickled in a process with other string hashes (another PYTHONHASHSEED), the key
+    is made again there, so a table keyed by it answers for the key made there."""
+    key = ScopeKey(ScopeKind.CREDENTIAL_MODEL, "https://api.example:443", "fp", "m")
+    data = pickle.dumps({key: "suspended"})
+    src = str(Path(sidestep.__file__).parent.parent)
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": src}
+        child = subprocess.run(  # noqa: S603  # this Python, a program of our own
+            [sys.executable, "-c", _CHILD], input=data, capture_output=True, env=env, check=True
+        )
+        assert child.stdout.decode().split() == ["suspended", "[True]"]
+
+
+def test_a_scope_key_replaced_or_copied_hashes_as_one_made_anew() -> None:
+    """The cached hash follows the fields: a key made by `dataclasses.replace`, copied, or
+    unpickled equals and hashes as the key made from the same parts."""
+    key = ScopeKey(ScopeKind.ORIGIN, "https://a.example:443")
+    other: Any = dataclasses.replace(key, origin="https://b.example:443")
+    assert other == ScopeKey(ScopeKind.ORIGIN, "https://b.example:443")
+    assert hash(other) == hash(ScopeKey(ScopeKind.ORIGIN, "https://b.example:443"))
+    for again in (copy.copy(key), copy.deepcopy(key), pickle.loads(pickle.dumps(key))):  # noqa: S301
+        assert again == key and hash(again) == hash(key)
+        assert {key: 1}[again] == 1
