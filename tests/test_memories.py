@@ -108,3 +108,18 @@ def test_a_scope_key_replaced_or_copied_hashes_as_one_made_anew() -> None:
     for again in (copy.copy(key), copy.deepcopy(key), pickle.loads(pickle.dumps(key))):  # noqa: S301
         assert again == key and hash(again) == hash(key)
         assert {key: 1}[again] == 1
+
+
+def test_a_scope_keys_fields_are_its_parts_and_nothing_else() -> None:
+    """The hash made once is kept beside the key's fields, not as one of them: a snapshot
+    dumped with `dataclasses.asdict` (an operator's script) holds the scope's parts
+    only, never a number that differs from one process to the next."""
+    key = ScopeKey(ScopeKind.MODEL, "https://a.example:443", model="m")
+    assert dataclasses.asdict(key) == {
+        "kind": ScopeKind.MODEL,
+        "origin": "https://a.example:443",
+        "credential": "",
+        "model": "m",
+        "endpoint": "",
+    }
+    assert "_hash" not in repr(key)

@@ -19,8 +19,8 @@ import math
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 from urllib.parse import unquote
 
 import idna
@@ -186,7 +186,7 @@ class Fingerprinter:
         return hmac.new(self._key, data, hashlib.blake2b).hexdigest()[:32]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ScopeKey:
     """One scope: its kind and the parts that identify it."""
 
@@ -195,11 +195,12 @@ class ScopeKey:
     credential: str = ""
     model: str = ""
     endpoint: str = ""  # an endpoint scope's path fingerprint (never a path)
-    # Its hash, made once: a key is looked up in the store's tables several times
-    # per request, and a dataclass's own hash is a tuple built each time.
-    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    _hash: ClassVar[int]  # set on each key by __post_init__; not a field
 
     def __post_init__(self) -> None:
+        # Its hash, made once and kept beside its fields (not one of them): a key is
+        # looked up in the store's tables several times per request, and a
+        # dataclass's own hash is a tuple built each time.
         parts = (self.kind, self.origin, self.credential, self.model, self.endpoint)
         object.__setattr__(self, "_hash", hash(parts))
 
