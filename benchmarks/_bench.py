@@ -54,10 +54,24 @@ def verdict(scenario: str, target: str, value: Any, unit: str, ok: bool, note: s
     return out
 
 
-def within(scenario: str, target: str, ours: float, base: float, limit: float, note: str) -> Row:
-    """The verdict that `ours` is at most `limit` times `base` (the ratio is the value)."""
-    measured = ratio(ours, base)
+def at_most(scenario: str, target: str, measured: float, limit: float, note: str) -> Row:
+    """The verdict that the ratio `measured` is at most `limit`."""
     return verdict(scenario, target, measured, "x", measured <= limit, note)
+
+
+def paired_ratio(ours: list[float], base: list[float]) -> float:
+    """The median of each round's ratio `ours / base`, the samples in round order.
+
+    Samples taken in the same round share the machine's state then: on a
+    shared machine a slow spell slows both, and their ratio cancels it,
+    where the ratio of two medians could pair a slow sample with a fast one.
+    """
+    return median(a / b for a, b in zip(ours, base, strict=True) if b)
+
+
+def paired_difference(ours: list[float], base: list[float]) -> float:
+    """The median of each round's difference `ours - base` (see `paired_ratio`)."""
+    return median(a - b for a, b in zip(ours, base, strict=True))
 
 
 def median(values: Iterable[float]) -> float:

@@ -14,8 +14,10 @@ Three measures, each sidestep's next to the peer breakers' in the same run:
   rewrite, no skip); the outage runs a sync client paced at 1,000 requests/s
   and compares its CPU time per request with the same client while healthy.
 
-Samples are interleaved and medians reported; times are the process's CPU
-time, so that other work on a busy machine does not count.
+Samples are interleaved; times are medians of the process's CPU time, so
+that other work on a busy machine does not count, and each cost or ratio is
+the median of the rounds' own (samples side by side share the machine's
+state of the moment: a slow spell cancels out).
 """
 
 from __future__ import annotations
@@ -202,53 +204,49 @@ def run(quick: bool) -> list[Row]:
         for _ in range(rounds):
             for name, make in _outage_variants().items():
                 times.setdefault(f"outage at 1,000/s: {name}", []).append(_paced(make(), paced))
-    medians = {name: b.median(samples) * 1e6 for name, samples in times.items()}
-    return _rows(medians) + _verdicts(medians, rounds, requests, paced)
+    samples = {name: [t * 1e6 for t in values] for name, values in times.items()}
+    return _rows(samples) + _verdicts(samples, rounds, requests, paced)
 
 
-def _rows(medians: dict[str, float]) -> list[Row]:
+def _rows(samples: dict[str, list[float]]) -> list[Row]:
+    medians = {name: b.median(values) for name, values in samples.items()}
     rows: list[Row] = []
     for label in ("httpx", "httpx2"):
         for colour in ("async", "sync"):
             prefix = f"{label} {colour} "
-            bare = medians[prefix + "bare"]
+            bare = prefix + "bare"
             for name, value in medians.items():
-                if name.startswith(prefix) and name != prefix + "bare":
+                if name.startswith(prefix) and name != bare:
                     rows.append(
                         b.row(
                             SCENARIO,
                             f"isolated: {name}",
-                            value - bare,
+                            b.paired_difference(samples[name], samples[bare]),
                             "µs/request",
-                            f"{value:.1f} µs through it, {bare:.1f} µs bare",
+                            f"{value:.1f} µs through it, {medians[bare]:.1f} µs bare",
                         )
                     )
     for colour in ("async", "sync"):
-        bare = medians[f"client httpx2 {colour} bare"]
-        ours = medians[f"client httpx2 {colour} sidestep, routed"]
-        rows.append(b.row(SCENARIO, f"client httpx2 {colour} bare", bare, "µs/request", ""))
-        rows.append(
-            b.row(
-                SCENARIO,
-                f"client httpx2 {colour} sidestep, routed",
-                ours,
-                "µs/request",
-                f"{b.ratio(ours, bare):.2f}x bare httpx2",
-            )
-        )
+        bare = f"client httpx2 {colour} bare"
+        ours = f"client httpx2 {colour} sidestep, routed"
+        ratio = b.paired_ratio(samples[ours], samples[bare])
+        rows.append(b.row(SCENARIO, bare, medians[bare], "µs/request", ""))
+        rows.append(b.row(SCENARIO, ours, medians[ours], "µs/request", f"{ratio:.2f}x bare httpx2"))
     for name in ("healthy", "primary open"):
         key = f"outage at 1,000/s: {name}"
         rows.append(b.row(SCENARIO, key, medians[key], "µs CPU/request", "sync client"))
     return rows
 
 
-def _verdicts(medians: dict[str, float], rounds: int, requests: int, paced: int) -> list[Row]:
-    note = f"median of {rounds} interleaved samples of {requests} requests"
+def _verdicts(samples: dict[str, list[float]], rounds: int, requests: int, paced: int) -> list[Row]:
+    note = f"median of {rounds} rounds' differences, samples of {requests} requests"
     rows = []
     for label in ("httpx", "httpx2"):
         for colour in ("async", "sync"):
             prefix = f"{label} {colour} "
-            cost = medians[prefix + "sidestep, routed"] - medians[prefix + "bare"]
+            cost = b.paired_difference(
+                samples[prefix + "sidestep, routed"], samples[prefix + "bare"]
+            )
             rows.append(
                 b.verdict(
                     SCENARIO,
@@ -259,9 +257,8 @@ def _verdicts(medians: dict[str, float], rounds: int, requests: int, paced: int)
                     note,
                 )
             )
-            skip = (
-                medians[prefix + "sidestep, primary open"]
-                - medians[prefix + "sidestep, via backup"]
+            skip = b.paired_difference(
+                samples[prefix + "sidestep, primary open"], samples[prefix + "sidestep, via backup"]
             )
             rows.append(
                 b.verdict(
@@ -270,31 +267,33 @@ def _verdicts(medians: dict[str, float], rounds: int, requests: int, paced: int)
                     skip,
                     "µs",
                     skip <= 5.0,
-                    "primary open minus straight to the backup (the same rewrite)",
+                    "primary open minus straight to the backup (the same rewrite), "
+                    "median of the rounds' differences",
                 )
             )
     for colour in ("async", "sync"):
         rows.append(
-            b.within(
+            b.at_most(
                 SCENARIO,
                 f"httpx2 {colour}: sidestep (routed) <= 1.05x bare httpx2 per request",
-                medians[f"client httpx2 {colour} sidestep, routed"],
-                medians[f"client httpx2 {colour} bare"],
+                b.paired_ratio(
+                    samples[f"client httpx2 {colour} sidestep, routed"],
+                    samples[f"client httpx2 {colour} bare"],
+                ),
                 1.05,
-                note,
+                f"median of {rounds} rounds' ratios, samples of {requests} requests",
             )
         )
-    healthy = medians["outage at 1,000/s: healthy"]
-    outage = medians["outage at 1,000/s: primary open"]
+    healthy = samples["outage at 1,000/s: healthy"]
+    outage = samples["outage at 1,000/s: primary open"]
     rows.append(
-        b.within(
+        b.at_most(
             SCENARIO,
             "sustained outage at 1,000 requests/s: CPU per request <= 1.10x healthy",
-            outage,
-            healthy,
+            b.paired_ratio(outage, healthy),
             1.10,
-            f"{outage:.1f} µs vs {healthy:.1f} µs; sync client over MockTransport; "
-            f"median of {rounds} interleaved samples of {paced} requests",
+            f"{b.median(outage):.1f} µs vs {b.median(healthy):.1f} µs (medians); sync client "
+            f"over MockTransport; median of {rounds} rounds' ratios, samples of {paced} requests",
         )
     )
     return rows
