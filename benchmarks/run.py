@@ -108,12 +108,21 @@ def table(rows: list[Row]) -> str:
     return "\n\n".join(parts)
 
 
+def measured(row: Row) -> str:
+    """A verdict's measure; a ratio to three decimals, so that one just past its limit
+    (1.053x against 1.05x) does not read as the limit itself."""
+    value = row["value"]
+    if row["unit"] == "x" and isinstance(value, float) and not math.isnan(value):
+        return f"{value:.3f} x"
+    return f"{fmt(value)} {row['unit']}"
+
+
 def verdicts(rows: list[Row]) -> str:
     lines = [
         [
             r["scenario"],
             r["metric"].removeprefix("target: "),
-            f"{fmt(r['value'])} {r['unit']}",
+            measured(r),
             r["verdict"].upper(),
             r["note"],
         ]
