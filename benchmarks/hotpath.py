@@ -171,7 +171,7 @@ def _outage_variants() -> dict[str, Callable[[], Any]]:
 
 
 def run(quick: bool) -> list[Row]:
-    rounds, requests, paced = (1, 30, 30) if quick else (9, 3000, 1000)
+    rounds, requests, paced = (1, 30, 30) if quick else (15, 2000, 1000)
     times: dict[str, list[float]] = {}
     flavours = (("httpx", httpx, sidestep), ("httpx2", httpx2, sidestep.httpx2))
 
