@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 import sidestep
-from sidestep._run import CACHE_LIMIT
+from sidestep._run import CACHE_LIMIT, remember
 from sidestep._scopes import ScopeKey, ScopeKind
 
 CONFIG = {
@@ -123,3 +123,52 @@ def test_a_scope_keys_fields_are_its_parts_and_nothing_else() -> None:
         "endpoint": "",
     }
     assert "_hash" not in repr(key)
+
+
+def test_a_full_memory_is_emptied_and_keeps_what_comes_next() -> None:
+    """`remember` bounds every memory of the core at `CACHE_LIMIT` entries without
+    freezing it on the first keys: past the limit it holds the newest, never more."""
+    memory: dict[int, str] = {}
+    for n in range(CACHE_LIMIT + 10):
+        assert remember(memory, n, f"v{n}") == f"v{n}"
+        assert len(memory) <= CACHE_LIMIT
+    assert memory[CACHE_LIMIT + 9] == f"v{CACHE_LIMIT + 9}"
+    assert 0 not in memory
+
+
+def test_a_request_moved_past_full_memories_still_goes_whole_and_without_credentials() -> None:
+    """More distinct URLs and header names than the moved-URL and header-fate memories
+    hold, moved to a backup on another origin: each request still reaches the backup
+    with its own path and query, its own headers, and no credential (neither the
+    `api_key` query parameter nor `Authorization`); both memories stay bounded."""
+    seen: list[httpx.Request] = []
+
+    def backup(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200)
+
+    config = {
+        "routes": [
+            {
+                "name": "api",
+                "match": ["http://api.example/v1"],
+                "targets": [{"name": "backup", "url": "http://backup.example/v2"}],
+            }
+        ]
+    }
+    transport = sidestep.FailoverTransport(config, transport=httpx.MockTransport(backup))
+    with httpx.Client(transport=transport) as client:
+        for n in range(CACHE_LIMIT + 50):
+            client.get(
+                f"http://api.example/v1/items/{n}",
+                params={"page": n, "api_key": "secret"},
+                headers={f"x-h{n}": str(n), "Authorization": "Bearer secret"},
+            )
+    assert len(seen) == CACHE_LIMIT + 50
+    for n, request in enumerate(seen):
+        assert str(request.url) == f"http://backup.example/v2/items/{n}?page={n}"
+        assert request.headers[f"x-h{n}"] == str(n)
+        assert "authorization" not in request.headers
+    plan = next(iter(transport._core._rebuilder._plans.values()))
+    assert all(len(urls) <= CACHE_LIMIT for urls in plan.urls)
+    assert all(len(fates) <= CACHE_LIMIT for fates in plan.fates)

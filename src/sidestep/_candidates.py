@@ -16,7 +16,7 @@ from ._routes import (
     display_origin,
     merge_json,
 )
-from ._run import CACHE_LIMIT, CoreState, Run
+from ._run import CoreState, Run, remember
 from ._scopes import ScopeFacts, origin_key
 
 __all__ = ["Candidacy"]
@@ -56,17 +56,14 @@ class Candidacy(CoreState):
 
     def _match(self, key: tuple[str, str, int | None, str], url: Any) -> Candidates:
         """The candidates of requests to `key` (scheme, host, port, path): the route
-        matched, or the request's own origin; remembered (a full memory starts again)."""
+        matched, or the request's own origin; remembered."""
         where, path = key[:3], key[3]
         cands = None
         if self.router.routes:
             cands = self.router.match(self._origin(where, url), path)
         if cands is None:
             cands = self._own.get(where) or self._own_origin(where, url)
-        if len(self._matched) >= CACHE_LIMIT:
-            self._matched.clear()
-        self._matched[key] = cands  # the same answer every time
-        return cands
+        return remember(self._matched, key, cands)  # the same answer every time
 
     def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:
         """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`:
@@ -101,24 +98,20 @@ class Candidacy(CoreState):
         )
 
     def _origin(self, where: tuple[str, str, int | None], url: Any) -> str:
-        """The origin key of a URL whose (scheme, host, port) is `where` (cached; bounded)."""
+        """The origin key of a URL whose (scheme, host, port) is `where` (remembered)."""
         origin = self._origins.get(where)
         if origin is None:
-            origin = origin_key(url.scheme, url.host, url.port)
-            if len(self._origins) < CACHE_LIMIT:
-                self._origins[where] = origin
+            origin = remember(self._origins, where, origin_key(url.scheme, url.host, url.port))
         return origin
 
     def _own_origin(self, where: tuple[str, str, int | None], url: Any) -> Candidates:
-        """An unrouted request: one candidate, its own origin (cached; bounded)."""
+        """An unrouted request: one candidate, its own origin (remembered)."""
         origin = self._origin(where, url)
         scheme, host, port = url.scheme, url.host, url.port
         shown = display_origin(scheme, host, port)
         target = CompiledTarget(shown, scheme, host, port, "", origin, shown)
         cands = Candidates.of(None, (target,), "", origin, True, self.config.failover)
-        if len(self._own) < CACHE_LIMIT:
-            self._own[where] = cands
-        return cands
+        return remember(self._own, where, cands)
 
     def _streamed_body(self, request: Any) -> bytes | None:
         """The body of a request whose content is not in memory yet, when it can be replayed."""

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._routes import CompiledTarget, carried, rewrite_headers, without_credentials
-from ._run import CACHE_LIMIT
+from ._run import remember
 
 __all__ = ["Rebuilder", "as_httpx_builds"]
 
@@ -179,28 +179,17 @@ class Rebuilder:
 
     def _plan(self, target: CompiledTarget) -> _Plan:
         """A new plan for `target`, remembered by its id (the plan keeps the target)."""
-        plan = _Plan(target)
-        if len(self._plans) < CACHE_LIMIT:
-            self._plans[id(target)] = plan
-        return plan
+        return remember(self._plans, id(target), _Plan(target))
 
     @staticmethod
     def _moved(plan: _Plan, url: Any, key: Any, rest: str, keep: bool) -> Any:
         """`url` (known as `key`) moved to the plan's target, remembered."""
-        moved = moved_url(url, plan.target, rest, keep)
-        urls = plan.urls[keep]
-        if len(urls) >= CACHE_LIMIT:
-            urls.clear()  # a full memory starts again
-        urls[key] = moved
-        return moved
+        return remember(plan.urls[keep], key, moved_url(url, plan.target, rest, keep))
 
     @staticmethod
     def _judge(fates: dict[bytes, bool], name: bytes, target: CompiledTarget, keep: bool) -> bool:
         """Whether header `name` (lowercase, as sent) goes to `target`: `rewrite_headers`'s rule."""
-        kept = carried(name.decode("latin-1"), target, keep)
-        if len(fates) < CACHE_LIMIT:
-            fates[name] = kept
-        return kept
+        return remember(fates, name, carried(name.decode("latin-1"), target, keep))
 
     def _shape(self, cls: type[Any], method: str, empty: bool) -> _Shape | None:
         """How `cls` is built for `method` and an (empty) body: learnt once, from httpx."""
@@ -222,9 +211,7 @@ class Rebuilder:
                 shape = (before, None, *kinds, _assembles(probe, *kinds))
             elif content and not empty and len(after) == 1 and after[0][2] == b"1":
                 shape = (before, after[0][:2], *kinds, _assembles(probe, *kinds))
-        if len(self._shapes) < CACHE_LIMIT:
-            self._shapes[(cls, method, empty)] = shape
-        return shape
+        return remember(self._shapes, (cls, method, empty), shape)
 
 
 def _assembled(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import _classify as c11n
 from ._circuit import State
@@ -25,10 +25,23 @@ from ._store import Admission, Refusal, StateStore
 if TYPE_CHECKING:
     from ._rebuild import Rebuilder
 
-__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run", "skip_status"]
+__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run", "remember", "skip_status"]
 
-# Per-origin and per-path memories of the core stop growing past this many entries.
+# The core's per-origin, per-path and per-header memories hold at most this many entries.
 CACHE_LIMIT = 4096
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def remember(memory: dict[_K, _V], key: _K, value: _V) -> _V:
+    """`value` kept in `memory` under `key`; a full memory (`CACHE_LIMIT`) is emptied
+    first, so that it stays bounded without freezing on the first keys it saw."""
+    if len(memory) >= CACHE_LIMIT:
+        memory.clear()
+    memory[key] = value
+    return value
+
 
 SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
 

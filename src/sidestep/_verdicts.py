@@ -19,7 +19,7 @@ from ._classify import ErrorKind, Exchange, Kind, Verdict
 from ._config import FailoverPolicy
 from ._effects import Call
 from ._routes import CompiledTarget
-from ._run import CACHE_LIMIT, SUCCESS, CoreState, Outcome, Run, skip_status
+from ._run import SUCCESS, CoreState, Outcome, Run, remember, skip_status
 from ._scopes import ScopeKind
 from ._store import Admission, Refusal, Ticket, Transition
 from .logging import emit
@@ -158,9 +158,7 @@ class Verdicts(CoreState):
             return verdict  # nothing sent (the origin's), or neutral
         failing = self._failing.get(origin)
         if failing is None:
-            if len(self._failing) >= CACHE_LIMIT:
-                self._failing.clear()
-            failing = self._failing[origin] = set()
+            failing = remember(self._failing, origin, set())
         if endpoint in failing and not any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes):
             return replace(verdict, scope=ScopeKind.ENDPOINT)  # counted for the origin already
         if len(failing) <= self.breaker.failure_threshold:
