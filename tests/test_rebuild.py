@@ -16,7 +16,7 @@ import httpx2
 import pytest
 
 from sidestep._config import Target
-from sidestep._rebuild import Rebuilder, as_httpx_builds, moved_url
+from sidestep._rebuild import Rebuilder, as_httpx_builds, moved_url, with_extensions
 from sidestep._routes import CompiledTarget, compile_target
 
 METHODS = ["GET", "HEAD", "DELETE", "OPTIONS", "POST", "PUT", "PATCH", "QUERY", "PROPFIND"]
@@ -196,3 +196,21 @@ def test_a_url_moved_to_one_target_is_never_another_targets(module: Any) -> None
     again = [str(rebuilder.url(url, target, "/chat", keep)) for target, keep, _ in asked[:2]]
     assert first == [expected for _, _, expected in asked]
     assert again == first[:2]
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_request_with_extensions_of_its_own_is_the_same_request_otherwise(module: Any) -> None:
+    """`with_extensions` gives an attempt its own timeouts: the copy has the request's
+    method, URL, headers, body and stream, and the given extensions; the request it was
+    made from keeps its own extensions object, unchanged."""
+    request = module.Request(
+        "POST", "http://a.example/x", content=b"{}", extensions={"timeout": {"read": 9.0}}
+    )
+    mine = request.extensions
+    copied = with_extensions(request, {"timeout": {"read": 1.0}})
+    assert type(copied) is type(request)
+    assert copied.headers.raw == request.headers.raw
+    assert (copied.method, copied.url, copied.content) == (request.method, request.url, b"{}")
+    assert copied.stream is request.stream
+    assert copied.extensions == {"timeout": {"read": 1.0}}
+    assert request.extensions is mine and mine == {"timeout": {"read": 9.0}}

@@ -23,7 +23,7 @@ from ._encodings import decoded_head
 from ._endings import Endings
 from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
-from ._rebuild import Rebuilder
+from ._rebuild import Rebuilder, with_extensions
 from ._routes import Candidates, CompiledTarget, Router
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
@@ -333,9 +333,12 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             run.sent_at = now  # else `decide` set it, before the shell sent the request
         caller_read = None
         if deadline is not None or first_byte is not None or stall is not None:
+            # this attempt's own timeouts, on a copy: the request it was given (the
+            # caller's, or the one kept for the next attempt) keeps its own
             caller_read = (request.extensions.get("timeout") or {}).get("read")
-            request.extensions = dict(request.extensions)
-            request.extensions["timeout"] = self._timeouts(request, run, first_byte, now)
+            extensions = dict(request.extensions)
+            extensions["timeout"] = self._timeouts(request, run, first_byte, now)
+            request = with_extensions(request, extensions)
         fb_deadline = deadline
         if first_byte is not None:
             fb_deadline = now + first_byte if deadline is None else min(deadline, now + first_byte)

@@ -22,7 +22,7 @@ from typing import Any
 from ._routes import CompiledTarget, carried, rewrite_headers, without_credentials
 from ._run import remember
 
-__all__ = ["Rebuilder", "as_httpx_builds"]
+__all__ = ["Rebuilder", "as_httpx_builds", "moved_url", "with_extensions"]
 
 _CONTENT = (b"content-length", b"transfer-encoding")
 _PROBE_HOST = "probe.invalid"
@@ -65,6 +65,16 @@ def moved_url(url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
     if not keep and moved.userinfo:
         moved = moved.copy_with(userinfo=b"")
     return moved
+
+
+def with_extensions(request: Any, extensions: dict[str, Any]) -> Any:
+    """`request` as it is, with `extensions` of its own: a shallow copy (the same URL,
+    headers, stream and body), so that the request it was made from — the caller's
+    own, or the one kept for the next attempt — keeps its own extensions."""
+    copied = object.__new__(type(request))
+    copied.__dict__.update(vars(request))
+    copied.extensions = extensions
+    return copied
 
 
 class _Plan:
