@@ -186,14 +186,18 @@ def test_a_url_moved_to_one_target_is_never_another_targets(module: Any) -> None
     """Moved URLs are remembered per target: the same caller URL asked for two targets,
     in turn and again, gets each target's own URL, credentials dropped where they must be."""
     rebuilder = Rebuilder()
-    url = module.URL("http://user:pw@api.example/v1/chat?api_key=s&x=1")
+    request = module.Request("POST", "http://user:pw@api.example/v1/chat?api_key=s&x=1")
     asked = [
         (TARGETS[0], False, "http://backup.example/v2/chat?x=1"),
         (TARGETS[1], True, "https://user:pw@backup.example:8443/v1/chat?api_key=s&x=1"),
         (TARGETS[1], False, "https://backup.example:8443/v1/chat?x=1"),
     ]
-    first = [str(rebuilder.url(url, target, "/chat", keep)) for target, keep, _ in asked]
-    again = [str(rebuilder.url(url, target, "/chat", keep)) for target, keep, _ in asked[:2]]
+
+    def moved(target: CompiledTarget, keep: bool) -> str:
+        return str(rebuilder.build(request, target, "/chat", keep, b"{}").url)
+
+    first = [moved(target, keep) for target, keep, _ in asked]
+    again = [moved(target, keep) for target, keep, _ in asked[:2]]
     assert first == [expected for _, _, expected in asked]
     assert again == first[:2]
 

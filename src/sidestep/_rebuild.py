@@ -118,17 +118,6 @@ class Rebuilder:
         # (request class, method, empty body) -> its shape; None: httpx builds it
         self._shapes: dict[tuple[type[Any], str, bool], _Shape | None] = {}
 
-    def url(self, url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
-        """`moved_url`, remembered: URLs are immutable, and parsing one is most of its cost."""
-        plan = self._plans.get(id(target))
-        if plan is None or plan.target is not target:
-            plan = self._plan(target)
-        try:
-            key: Any = url._uri_reference
-        except AttributeError:
-            key = str(url)
-        return plan.urls[keep].get(key) or self._moved(plan, url, key, rest, keep)
-
     def build(
         self, request: Any, target: CompiledTarget, rest: str, keep: bool, body: bytes | None
     ) -> Any:
