@@ -21,10 +21,12 @@ import sidestep
 from drivers import FakeClock
 from sidestep import logging as events
 from sidestep._classify import Exchange, Kind, Verdict, classify
+from sidestep._routes import Candidates
 from sidestep._store import MemoryStore
 
 PRIMARY = "http://primary.example"
 BACKUP = "http://backup.example"
+ORIGIN = "http://origin.example"
 CONFIG = {
     "breaker": {"failure_threshold": 2, "cooldown": 10},
     "routes": [
@@ -35,7 +37,15 @@ CONFIG = {
                 {"name": "primary", "url": PRIMARY + "/v1", "headers": {"x-api-key": "k1"}},
                 {"name": "backup", "url": BACKUP + "/v1"},
             ],
-        }
+        },
+        {
+            # Requests to the first target's own URL go as they are (`Candidates.lane`).
+            "name": "direct",
+            "targets": [
+                {"name": "origin", "url": ORIGIN + "/v1"},
+                {"name": "spare", "url": BACKUP + "/v2"},
+            ],
+        },
     ],
 }
 
@@ -101,8 +111,26 @@ SCRIPT: list[tuple[str, str, str, str, float]] = [
     ("GET", "http://unrouted.example/a", "ok", "ok", 0),
     ("GET", "http://unrouted.example/a", "ok", "ok", 0),
     ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),
+    # The same story on a route whose requests go as they are to its first target.
+    ("GET", ORIGIN + "/v1/models", "ok", "ok", 0),
+    ("POST", ORIGIN + "/v1/chat", "stream", "ok", 0),
+    ("GET", ORIGIN + "/v1/models", "404", "ok", 0),
+    ("GET", ORIGIN + "/v1/models", "503", "ok", 0),
+    ("GET", ORIGIN + "/v1/models", "ok", "ok", 0),  # resets the failure count
+    ("GET", ORIGIN + "/v1/models", "503", "ok", 0),
+    ("GET", ORIGIN + "/v1/models", "connect", "ok", 0),  # opens the origin
+    ("GET", ORIGIN + "/v1/models", "ok", "ok", 11),  # skipped: served by the spare
+    ("GET", ORIGIN + "/v1/models", "ok", "ok", 0),  # the probe succeeds: closed
+    ("GET", ORIGIN + "/v1/models", "429", "ok", 4),
+    ("GET", ORIGIN + "/v1/models", "ok", "ok", 0),
+    ("GET", "http://unrouted.example/a", "503", "ok", 0),
+    ("GET", "http://unrouted.example/a", "ok", "ok", 0),  # the failing endpoint reset
 ]
-RACE = ("GET", "http://llm.internal/v1/models", "race", "ok", 0)
+# Sync only: while the request is in flight, the script sends another one through the transport.
+RACES = [
+    ("GET", "http://llm.internal/v1/models", "race", "ok", 0),
+    ("GET", ORIGIN + "/v1/models", "race", "ok", 0),
+]
 
 
 class Script:
@@ -115,10 +143,13 @@ class Script:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         kind = self.backup if request.url.host == "backup.example" else self.primary
         if kind == "race":
-            # While this request is in flight, another one fails on the primary: this
+            # While this request is in flight, another one fails on the same target: this
             # one's success must still reset the count the other one left.
+            url = "http://llm.internal/v1/x"
+            if request.url.host == "origin.example":
+                url = ORIGIN + "/v1/x"
             self.primary = "503"
-            self.transport.handle_request(httpx.Request("GET", "http://llm.internal/v1/x"))
+            self.transport.handle_request(httpx.Request("GET", url))
             self.primary, kind = "race", "ok"
         return _answer(kind, request)
 
@@ -152,7 +183,7 @@ def _run_sync(fast: bool, body: bool = True, **extra: Any) -> list[Any]:
     transport, script, clock = _transport(False, fast, **extra)
     trail: list[Any] = []
     with httpx.Client(transport=transport) as client:
-        for method, url, primary, backup, advance in [RACE, *SCRIPT]:
+        for method, url, primary, backup, advance in [*RACES, *SCRIPT]:
             script.primary, script.backup = primary, backup
             try:
                 trail.append(
@@ -262,6 +293,50 @@ def test_healthy_request_runs_no_generator() -> None:
         assert calls == [0]
         client.get("http://unrouted.example/a")
         assert calls == [0]
+        assert client.get(ORIGIN + "/v1/models").extensions["sidestep"]["target"] == "origin"
+        assert calls == [0]
+
+
+@pytest.mark.parametrize("url", [ORIGIN + "/v1/models", "http://unrouted.example/a"])
+def test_a_request_that_goes_as_it_is_makes_no_run(url: str) -> None:
+    """To a healthy first candidate that is its own URL, a request is ready with no run made,
+    and its answer's extension is a dict of its own (not shared with the next answer)."""
+    transport, _, _ = _transport(False, True)
+    request = httpx.Request("GET", url)
+    ready = transport._core.decide(request)
+    assert type(ready) is tuple and ready[0] is request
+    assert isinstance(ready[1], Candidates)
+    with httpx.Client(transport=transport) as client:
+        first, second = client.get(url), client.get(url)
+    first.extensions["sidestep"]["attempts"] = 99
+    assert second.extensions["sidestep"]["attempts"] == 1
+
+
+@pytest.mark.parametrize("kind", ["multipart", "byte stream"])
+def test_a_replayable_body_sent_as_it_is_goes_whole_to_the_next_target(kind: str) -> None:
+    """A body not yet in memory that can be sent again (multipart parts, bytes passed as a
+    stream) goes as it is to a healthy first target; when that fails, the next one gets
+    the same bytes."""
+    transport, _, _ = _transport(False, True)
+    seen: list[tuple[str, bytes]] = []
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.read()))
+        return _answer("503" if request.url.host == "origin.example" else "ok", request)
+
+    transport._inner = httpx.MockTransport(upstream)
+    with httpx.Client(transport=transport) as client:
+        request = client.build_request("POST", ORIGIN + "/v1/chat", files={"f": b"data"})
+        if kind == "byte stream":
+            request = httpx.Request("POST", request.url, stream=httpx.ByteStream(b"data"))
+        assert not hasattr(request, "_content")
+        ready = transport._core.decide(request)
+        assert type(ready) is tuple and isinstance(ready[1], Candidates)
+        response = client.send(request)
+    assert response.extensions["sidestep"]["target"] == "spare"
+    (first, sent), (second, again) = seen
+    assert (first, second) == ("origin.example", "backup.example")
+    assert sent == again and len(sent) >= 4
 
 
 def test_what_the_fast_verdict_cannot_take_goes_on_in_the_general_path() -> None:

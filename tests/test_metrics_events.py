@@ -8,11 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
+import structlog
 
 import sidestep
 from drivers import MakeDriver, route
 from sidestep._attempts import Core
 from sidestep._effects import Send
+from sidestep._run import Run
 from sidestep.logging import add_observer, listening, remove_observer
 from upstream import Hang, Respond, Upstream
 
@@ -52,6 +54,38 @@ def test_listening_follows_observers_and_the_logger_level(default_structlog: Non
         assert not listening(logging.DEBUG - 1)
     finally:
         logger.setLevel(level)
+
+
+def test_listening_follows_every_change_after_an_answer_was_cached(
+    default_structlog: None,
+) -> None:
+    """Once "nobody" has been answered (and cached), a DEBUG root logger, `logging.disable`,
+    a disabled `sidestep` logger and structlog configured later each change the answer."""
+    logger, root = logging.getLogger("sidestep"), logging.getLogger()
+    saved = (logger.level, root.level, logger.disabled, logging.root.manager.disable)
+    logger.setLevel(logging.NOTSET)
+    root.setLevel(logging.WARNING)
+    try:
+        assert not listening()
+        assert not listening()  # answered from the cache this time
+        root.setLevel(logging.DEBUG)  # inherited by the sidestep logger
+        assert listening()
+        logging.disable(logging.DEBUG)
+        assert not listening()
+        logging.disable(logging.NOTSET)
+        assert listening()
+        logger.disabled = True
+        assert not listening()
+        logger.disabled = False
+        root.setLevel(logging.WARNING)
+        assert not listening()
+        structlog.configure(processors=[])
+        assert listening()
+    finally:
+        logger.setLevel(saved[0])
+        root.setLevel(saved[1])
+        logger.disabled = saved[2]
+        logging.disable(saved[3])
 
 
 def test_a_failover_reports_each_attempt_between_the_request_events(
@@ -124,7 +158,10 @@ def test_a_closed_generator_still_finishes_its_attempt_and_request(seen: Seen) -
         flavour=sidestep.FailoverTransport._flavour,
         exact_deadlines=False,
     )
-    steps = core.handle(httpx.Request("GET", "https://a.example/v1/x"))
+    request = httpx.Request("GET", "https://a.example/v1/x")
+    run = core.decide(request)  # someone listens: the decision stops before admitting
+    assert isinstance(run, Run)
+    steps = core.handle(request, run)
     assert type(next(steps)) is Send
     steps.close()
     ends = [(e, f.get("result") or f.get("outcome")) for e, f in seen if e.endswith(".finished")]

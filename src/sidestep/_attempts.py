@@ -25,7 +25,7 @@ from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
 from ._rebuild import Rebuilder, with_extensions
 from ._routes import Candidates, CompiledTarget, Router
-from ._run import SUCCESS, Outcome, Run
+from ._run import SUCCESS, Outcome, Ready, Run
 from ._scopes import ScopeKind
 from ._store import Admission, MemoryStore, StateStore, Ticket
 from ._store_config import build_store
@@ -79,9 +79,13 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # only a MemoryStore's, since only its admission is known to be that look.
         self._healthy: Callable[[str], int | None] = _never
         self._origin_refused: Callable[[str, Any, float], Admission | None] = _never
+        # and that store itself: while it keeps no scope at all (`_kept` empty), every
+        # origin is healthy, known without a call.
+        self._memory: Any = None
         if type(self.store) is MemoryStore:
             self._healthy = self.store.healthy
             self._origin_refused = self.store.refused
+            self._memory = self.store
         # A replacement classifier judges every answer, a 2xx included: no fast verdict.
         self._quick = self._healthy is not _never and not self._custom_classifier
         # Whether an attempt to this URL goes through a proxy: set by the shell,
@@ -105,40 +109,61 @@ class Core(Candidacy, Verdicts, Endings, Watching):
 
     # -- the loop ------------------------------------------------------------------
 
-    def decide(self, request: Any) -> Run:
-        """The fast decision: the request's candidates admitted, without a generator.
+    def decide(self, request: Any) -> Run | Ready:
+        """The fast decision: `Ready` when the shell may send a request itself, else a `Run`.
 
-        Candidates refused are skipped as `handle` skips them; the first one
-        admitted stops the decision, its admission kept in the run for the rest
-        of the request (never taken twice). The run is `ready` when that
-        candidate is healthy and closed — no probe, no transition, nothing only
-        observed, no deadline to keep — so the
-        shell sends its request itself and hands the response to `settle`.
-        Any other run, as any result `settle` does not take, goes on in
-        `handle`, from where the decision stopped. While anyone listens to
-        DEBUG events, the decision stops before the first candidate: `handle`
-        emits the request's events around all of it.
+        A request that goes as it is to its first candidate (`Candidates.lane`),
+        healthy and closed, is ready with no run made at all. Otherwise the
+        request's candidates are admitted without a generator: those refused
+        are skipped as `handle` skips them, and the first one admitted stops
+        the decision, its admission kept in the run for the rest of the
+        request (never taken twice). That run is ready too when its candidate
+        is healthy and closed — no probe, no transition, nothing only
+        observed, no deadline to keep. The shell sends a ready request and
+        hands the response to `settle`; any other run, as any result `settle`
+        does not take, goes on in `handle`, from where the decision stopped.
+        While anyone listens to DEBUG events, the decision stops before the
+        first candidate: `handle` emits the request's events around all of it.
         """
-        run = self._start(request)
-        if self._blocking or run.deadline is not None or not self._fast_path or listening():
-            # Every admission is an effect, a deadline is to be checked, or someone
-            # listens for the request's own events, which start before any admission.
-            return run
+        url = request.url
+        try:
+            # The parsed parts both flavours keep: plain tuple fields, far cheaper
+            # per request than the public properties, which decode on each access.
+            ref = url._uri_reference
+            # the path still percent-encoded, as it goes on the wire
+            key = (ref.scheme, ref.host, ref.port, ref.path or "/")
+        except AttributeError:
+            key = (url.scheme, url.host, url.port, url.raw_path.decode("ascii").partition("?")[0])
+        cands = self._matched.get(key)  # a look-up per (scheme, host, port, path)
+        if cands is None:
+            cands = self._match(key, url)
+        if self._blocking or not self._fast_path or listening():
+            # Every admission is an effect, or someone listens for the request's
+            # own events, which start before any admission.
+            return self._start(request, cands)
+        lane = cands.lane
+        if lane is not None and self._quick:
+            memory = self._memory
+            seq = memory._seq if not memory._kept else self._healthy(lane)
+            if seq is not None:
+                # Admitted as the store would admit it (nothing kept for the origin): its
+                # run and ticket are made only if the request leaves the fast path.
+                return request, cands, seq, self.clock()
+        run = self._start(request, cands)
+        if run.deadline is not None:
+            return run  # a deadline to check before each admission
         healthy = self._healthy
-        cands = run.cands
         quick = self._quick and cands.plain
         targets = cands.targets
         for index, target in enumerate(targets):
             if quick:
                 seq = healthy(target.origin)
                 if seq is not None:
-                    # Admitted as the store would admit it (nothing kept for the origin):
-                    # its ticket is made only if the request leaves the fast path.
                     if index or not cands.direct:
                         self._candidate(run, index, target)
                     run.index, run.seq, run.ready = index, seq, True
                     run.sent_at = self.clock()
-                    return run
+                    return run.sent, run, seq, run.sent_at
                 now = self.clock()
                 refused = self._origin_refused(target.origin, self.breaker, now)
                 if refused is not None:
@@ -157,8 +182,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         run.index = len(targets)  # every candidate refused: `handle` ends it
         return run
 
-    def settle(self, run: Run, response: Any) -> Any:
-        """The fast verdict on a `ready` run's response: the answer, or None for `resume`.
+    def settle(self, ready: Ready, response: Any) -> Any:
+        """The fast verdict on a `Ready` request's response: the answer, or None for `resume`.
 
         Taken only when the verdict is a success that is whole already (a body
         in memory): recorded, attributed, handed over. Anything else — a
@@ -167,6 +192,15 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         """
         if response.status_code >= 400 or not isinstance(response.stream, self._byte_stream):
             return None
+        run = ready[1]
+        if isinstance(run, Candidates):  # sent as it was, to its first candidate
+            if not self._failing and (
+                not self._memory._kept or self._healthy(run.targets[0].origin) is not None
+            ):
+                # nothing kept for its origin now, as at its admission: nothing to record
+                response.extensions["sidestep"] = run.about[0].copy()
+                return response
+            run = self._revive(ready)  # something to reset, or kept since
         run.attempts = run.tried = 1
         index = run.index
         target = run.cands.targets[index]
@@ -179,26 +213,35 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                 raise
         return self._attribute(response, run, target, index)
 
+    def _revive(self, ready: Ready) -> Run:
+        """The run of a request `decide` let go with no run: as it would have made it."""
+        request, cands, seq, sent_at = ready
+        assert isinstance(cands, Candidates)
+        run = self._start(request, cands)
+        run.seq, run.ready, run.sent_at = seq, True, sent_at
+        return run
+
     def _pending(self, run: Run, target: CompiledTarget) -> Ticket:
         """The ticket of a `ready` run, made now as the store made it then (once)."""
         run.ready = False
         return Ticket(self._scope_facts(run, target), run.seq)
 
-    def resume(self, run: Run, received: Any) -> Generator[Any, Any, Any]:
-        """`handle` for a `ready` run whose request the shell sent: `received` is its
-        response, or the exception sending raised, taken as the first attempt's."""
+    def resume(self, ready: Ready, received: Any) -> Generator[Any, Any, Any]:
+        """`handle` for a `Ready` request the shell sent: `received` is its response,
+        or the exception sending raised, taken as the first attempt's."""
+        run = ready[1]
+        if isinstance(run, Candidates):
+            run = self._revive(ready)
         run.received = received
         return self.handle(run.request, run)
 
-    def handle(self, request: Any, run: Run | None = None) -> Generator[Any, Any, Any]:
+    def handle(self, request: Any, run: Run) -> Generator[Any, Any, Any]:
         """Drive one request to its response (or error), yielding effects for the shell.
 
         Each candidate in order: admission, rewrite, attempts, verdict; between
         the request's and its attempts' events (`_watch`) when someone listens.
-        A `run` from `decide` goes on from the candidate the decision stopped at.
+        The `run` from `decide` goes on from the candidate the decision stopped at.
         """
-        if run is None:
-            run = self._start(request)
         return self._watched(run) if listening() else self._loop(run)
 
     def _loop(self, run: Run) -> Generator[Any, Any, Any]:

@@ -25,19 +25,8 @@ __all__ = ["Candidacy"]
 class Candidacy(CoreState):
     """A request's candidates, and the request rebuilt for each of them."""
 
-    def _start(self, request: Any) -> Run:
-        url = request.url
-        try:
-            # The parsed parts both flavours keep: plain tuple fields, far cheaper
-            # per request than the public properties, which decode on each access.
-            ref = url._uri_reference
-            # the path still percent-encoded, as it goes on the wire
-            key = (ref.scheme, ref.host, ref.port, ref.path or "/")
-        except AttributeError:
-            key = (url.scheme, url.host, url.port, url.raw_path.decode("ascii").partition("?")[0])
-        cands = self._matched.get(key)
-        if cands is None:
-            cands = self._match(key, url)
+    def _start(self, request: Any, cands: Candidates) -> Run:
+        """The run of a request to `cands` (`Core.decide`), its body read if it may be replayed."""
         run = Run()
         run.request = run.sent = request
         run.cands = cands
@@ -51,18 +40,19 @@ class Candidacy(CoreState):
             run.body = run.sent_body = self._streamed_body(request)  # it may be sent again
         # else sent once, as it streams: nothing is read ahead (`body` None)
         if cands.route is None:
-            run.endpoint = key[3]
+            run.endpoint = cands.rest
         return run
 
     def _match(self, key: tuple[str, str, int | None, str], url: Any) -> Candidates:
         """The candidates of requests to `key` (scheme, host, port, path): the route
-        matched, or the request's own origin; remembered."""
+        matched, or the request's own origin (its path all of `rest`); remembered."""
         where, path = key[:3], key[3]
         cands = None
         if self.router.routes:
             cands = self.router.match(self._origin(where, url), path)
         if cands is None:
-            cands = self._own.get(where) or self._own_origin(where, url)
+            own = self._own.get(where) or self._own_origin(where, url)
+            cands = own._replace(rest=path)
         return remember(self._matched, key, cands)  # the same answer every time
 
     def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:

@@ -109,6 +109,13 @@ class Candidates(NamedTuple):
     # a body not in memory yet is read ahead: it may have to be sent again
     replay: bool = False
     plain: bool = False  # CompiledRoute.plain, or the same of the policy when unrouted
+    # The origin whose health alone lets a request go as it is to its first candidate
+    # (`Core.decide`): set when the first is the request's own URL and the policy
+    # is plain, with no total timeout; None otherwise.
+    lane: str | None = None
+    # what `response.extensions["sidestep"]` says of a first attempt's answer, per
+    # candidate: copied for each response
+    about: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def of(
@@ -121,6 +128,8 @@ class Candidates(NamedTuple):
         policy: FailoverPolicy,
     ) -> Candidates:
         """The candidates, with what follows from them."""
+        name = None if route is None else route.name
+        quick = plain(policy) if route is None else route.plain
         return cls(
             route,
             targets,
@@ -128,9 +137,14 @@ class Candidates(NamedTuple):
             origin,
             direct,
             policy,
-            None if route is None else route.name,
+            name,
             len(targets) > 1 or policy.max_attempts_per_target > 1,
-            plain(policy) if route is None else route.plain,
+            quick,
+            targets[0].origin if direct and quick and not policy.total_timeout else None,
+            tuple(
+                {"route": name, "target": t.name, "attempts": 1, "failover": i > 0}
+                for i, t in enumerate(targets)
+            ),
         )
 
 

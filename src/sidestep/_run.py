@@ -25,7 +25,16 @@ from ._store import Admission, Refusal, StateStore
 if TYPE_CHECKING:
     from ._rebuild import Rebuilder
 
-__all__ = ["CACHE_LIMIT", "SUCCESS", "CoreState", "Outcome", "Run", "remember", "skip_status"]
+__all__ = [
+    "CACHE_LIMIT",
+    "SUCCESS",
+    "CoreState",
+    "Outcome",
+    "Ready",
+    "Run",
+    "remember",
+    "skip_status",
+]
 
 # The core's per-origin, per-path and per-header memories hold at most this many entries.
 CACHE_LIMIT = 4096
@@ -44,6 +53,12 @@ def remember(memory: dict[_K, _V], key: _K, value: _V) -> _V:
 
 
 SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
+
+# What `Core.decide` hands a shell that may send a request itself: the request to
+# send; the run to settle it with, or, for a request sent as it is to its first
+# candidate, only its candidates (no run is made unless it leaves the fast path);
+# the store's sequence number at admission; when it was sent, on the core's clock.
+Ready = tuple[Any, "Run | Candidates", int, float]
 
 
 class Run:

@@ -195,6 +195,10 @@ class MemoryStore:
         self._max = max_scopes
         self._lock = threading.Lock()
         self._state = _Scopes()
+        # Every scope kept (the very dict in `_state`): while it is empty, every origin
+        # is healthy. The core's fast path reads it, as `healthy` reads its origins:
+        # without the lock, and before `_seq`.
+        self._kept = self._state.entries
         self._seq = 0
 
     def __repr__(self) -> str:

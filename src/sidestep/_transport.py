@@ -20,6 +20,7 @@ from ._config import Config
 from ._effects import Call, Clock, Close, Read, Send, Sleep
 from ._flavour import Flavour, is_proxy
 from ._listing import Listing, StoreUnavailable, Suspension, suspensions
+from ._run import Run
 from ._store import ScopeStatus, StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
@@ -112,15 +113,15 @@ class _SyncShell(_Shell):
         if not self.active:
             return self._inner.handle_request(request)
         core = self._core
-        run = core.decide(request)
-        if not run.ready:
-            return self._drive(core.handle(request, run))
+        ready = core.decide(request)
+        if isinstance(ready, Run):  # not ready: the general path goes on from the decision
+            return self._drive(core.handle(request, ready))
         try:  # the fast path: the core decided, this sends, the core settles
-            response = self._inner.handle_request(run.sent)
+            response = self._inner.handle_request(ready[0])
         except BaseException as exc:  # the core decides what every failure means
-            return self._drive(core.resume(run, exc))
-        answer = core.settle(run, response)
-        return self._drive(core.resume(run, response)) if answer is None else answer
+            return self._drive(core.resume(ready, exc))
+        answer = core.settle(ready, response)
+        return self._drive(core.resume(ready, response)) if answer is None else answer
 
     def close(self) -> None:
         self._inner.close()
@@ -212,15 +213,15 @@ class _AsyncShell(_Shell):
         if not self.active:
             return await self._inner.handle_async_request(request)
         core = self._core
-        run = core.decide(request)
-        if not run.ready:
-            return await self._drive(core.handle(request, run))
+        ready = core.decide(request)
+        if isinstance(ready, Run):  # not ready: the general path goes on from the decision
+            return await self._drive(core.handle(request, ready))
         try:  # the fast path: the core decided, this sends, the core settles
-            response = await self._inner.handle_async_request(run.sent)
+            response = await self._inner.handle_async_request(ready[0])
         except BaseException as exc:  # the core decides; cancellation comes back out
-            return await self._drive(core.resume(run, exc))
-        answer = core.settle(run, response)
-        return await self._drive(core.resume(run, response)) if answer is None else answer
+            return await self._drive(core.resume(ready, exc))
+        answer = core.settle(ready, response)
+        return await self._drive(core.resume(ready, response)) if answer is None else answer
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -277,6 +277,13 @@ _logger = logging.getLogger("sidestep")
 _logger.addHandler(logging.NullHandler())  # a library adds no other handler
 _structlog_logger = structlog.get_logger("sidestep")
 _structlog_configured = structlog.is_configured
+# Read on every request (`listening`), so read cheaply: the logger's own answers per
+# level, which logging empties in place whenever any level changes, and structlog's
+# configuration object, whose flag `structlog.is_configured()` returns.
+_answers: dict[int, bool] = getattr(_logger, "_cache", {})
+_structlog_config: Any = getattr(getattr(structlog, "_config", None), "_CONFIG", None)
+if not isinstance(getattr(_structlog_config, "is_configured", None), bool):
+    _structlog_config = None  # not the structlog this was written for: ask it
 _observers: tuple[Observer, ...] = ()
 _observers_lock = threading.Lock()
 
@@ -302,7 +309,16 @@ def listening(level: int = logging.DEBUG) -> bool:
     (``attempt.*``, ``request.*``), so that with no observer and no logger
     at ``level`` they cost one call and nothing else.
     """
-    return bool(_observers) or _logger.isEnabledFor(level) or _structlog_configured()
+    if _observers:
+        return True
+    enabled = _answers.get(level)  # None: not asked since the levels last changed
+    if enabled is None:
+        enabled = _logger.isEnabledFor(level)
+    if enabled and not _logger.disabled:
+        return True
+    if _structlog_config is not None:
+        return bool(_structlog_config.is_configured)
+    return _structlog_configured()
 
 
 def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
