@@ -7,7 +7,8 @@ Three measures, each sidestep's next to the peer breakers' in the same run:
   the wrapper's cost with no client around it (httpx and httpx2, sync and
   async);
 - *client*: a whole client over ``MockTransport`` (as the overhead scenario),
-  for httpx2 too;
+  for httpx2 too, in 45 rounds of its own (a ratio near its limit, and only
+  two variants to sample: more rounds narrow its median cheaply);
 - *skip* and *sustained outage*: the primary of a route suspended (open),
   every request skipping it for the backup. The skip's cost is that
   isolated time minus a route that sends straight to the backup (the same
@@ -172,6 +173,8 @@ def _outage_variants() -> dict[str, Callable[[], Any]]:
 
 def run(quick: bool) -> list[Row]:
     rounds, requests, paced = (1, 30, 30) if quick else (15, 2000, 1000)
+    # Whole clients: a ratio near its limit, two variants only, so three times the rounds.
+    client_rounds = 1 if quick else 45
     times: dict[str, list[float]] = {}
     flavours = (("httpx", httpx, sidestep), ("httpx2", httpx2, sidestep.httpx2))
 
@@ -183,6 +186,7 @@ def run(quick: bool) -> list[Row]:
                     send = partial(make().handle_async_request, request)
                     sample = await b.cpu_per_call_async(send, requests)
                     times.setdefault(f"{label} async {name}", []).append(sample)
+        for _ in range(client_rounds):
             for name, make in _clients("async").items():
                 async with make() as client:
                     sample = await b.cpu_per_call_async(partial(client.get, URL), requests)
@@ -197,6 +201,7 @@ def run(quick: bool) -> list[Row]:
                     handle = partial(make().handle_request, request)
                     sample = b.cpu_per_call(handle, requests)
                     times.setdefault(f"{label} sync {name}", []).append(sample)
+        for _ in range(client_rounds):
             for name, make in _clients("sync").items():
                 with make() as client:
                     sample = b.cpu_per_call(partial(client.get, URL), requests)
@@ -205,7 +210,7 @@ def run(quick: bool) -> list[Row]:
             for name, make in _outage_variants().items():
                 times.setdefault(f"outage at 1,000/s: {name}", []).append(_paced(make(), paced))
     samples = {name: [t * 1e6 for t in values] for name, values in times.items()}
-    return _rows(samples) + _verdicts(samples, rounds, requests, paced)
+    return _rows(samples) + _verdicts(samples, rounds, requests, paced, client_rounds)
 
 
 def _rows(samples: dict[str, list[float]]) -> list[Row]:
@@ -238,7 +243,9 @@ def _rows(samples: dict[str, list[float]]) -> list[Row]:
     return rows
 
 
-def _verdicts(samples: dict[str, list[float]], rounds: int, requests: int, paced: int) -> list[Row]:
+def _verdicts(
+    samples: dict[str, list[float]], rounds: int, requests: int, paced: int, client_rounds: int
+) -> list[Row]:
     note = f"median of {rounds} rounds' differences, samples of {requests} requests"
     rows = []
     for label in ("httpx", "httpx2"):
@@ -281,7 +288,7 @@ def _verdicts(samples: dict[str, list[float]], rounds: int, requests: int, paced
                     samples[f"client httpx2 {colour} bare"],
                 ),
                 1.05,
-                f"median of {rounds} rounds' ratios, samples of {requests} requests",
+                f"median of {client_rounds} rounds' ratios, samples of {requests} requests",
             )
         )
     healthy = samples["outage at 1,000/s: healthy"]

@@ -157,7 +157,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         targets = cands.targets
         for index, target in enumerate(targets):
             if quick:
-                seq = healthy(target.origin)
+                # (a lane's first candidate was found not healthy above: not asked twice)
+                seq = healthy(target.origin) if index or lane is None else None
                 if seq is not None:
                     if index or not cands.direct:
                         self._candidate(run, index, target)
