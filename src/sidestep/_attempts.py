@@ -144,13 +144,13 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             # own events, which start before any admission.
             return self._start(request, cands)
         lane = cands.lane
-        if (
-            lane is not None
-            and self._quick
-            and not (cands.replay and isinstance(request.stream, self._multipart))
-        ):
-            # (A multipart body that may go to another candidate is read ahead, in
-            # `_start`: a file part may be read once only, a pipe's or a socket's.)
+        if lane is not None and cands.replay:
+            stream = request.stream  # bytes (in memory, or given as a stream) the commonest
+            if type(stream) is not self._byte_stream and isinstance(stream, self._multipart):
+                # A multipart body that may go to another candidate is read ahead, in
+                # `_start`: a file part may be read once only, a pipe's or a socket's.
+                lane = None
+        if lane is not None and self._quick:
             memory = self._memory
             seq = memory._seq if not memory._kept else self._healthy(lane)
             if seq is not None:
