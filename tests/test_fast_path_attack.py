@@ -15,6 +15,7 @@ wherever I/O is involved; time is a fake clock.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import logging
 import os
@@ -36,10 +37,12 @@ import structlog
 
 import sidestep
 import sidestep.httpx2
+import test_fast_path as fast_path
 from drivers import FakeClock, MakeDriver, Result, route
 from sidestep import logging as events
 from sidestep._routes import Candidates
 from sidestep._store import MemoryStore
+from test_fast_path import BACKUP, ORIGIN
 from upstream import Hang, Respond, Seen, Upstream, wait_for
 
 
@@ -85,23 +88,27 @@ def test_a_one_shot_file_in_a_multipart_body_reaches_the_backup_whole(
     assert second == first
 
 
+def _chunks() -> Iterator[bytes]:
+    """A one-shot JSON body, in two pieces."""
+    yield b'{"model":'
+    yield b'"m"}'
+
+
+async def _async_chunks() -> Any:
+    """The same, for an async client."""
+    yield b'{"model":'
+    yield b'"m"}'
+
+
 def _bodies(is_async: bool) -> dict[str, dict[str, Any]]:
     """Every kind of request body, made afresh (some are used up by sending)."""
     seekable = io.BytesIO(b"S" * 300)
     seekable.seek(100)  # multipart sends a file from its start, wherever it was left
 
-    def chunks() -> Iterator[bytes]:
-        yield b'{"model":'
-        yield b'"m"}'
-
-    async def async_chunks() -> Any:
-        yield b'{"model":'
-        yield b'"m"}'
-
     return {
         "json": {"json": {"model": "m"}},
         "bytes": {"content": b"raw bytes"},
-        "generator": {"content": async_chunks() if is_async else chunks()},
+        "generator": {"content": _async_chunks() if is_async else _chunks()},
         "form": {"data": {"k": "v"}},
         "files in memory": {"files": {"f": b"in memory"}},
         "seekable file": {"files": {"f": ("s.bin", seekable)}, "data": {"k": "v"}},
@@ -142,6 +149,151 @@ def test_every_body_reaches_each_target_as_the_general_path_sends_it(
 
 def _served_by(name: str) -> dict[str, Any]:
     return {"route": "chat", "target": name, "attempts": 1, "failover": name != "a"}
+
+
+def _signing(h: Any, is_async: bool) -> Any:
+    """An inner transport that reads each request's body before sending it (to sign it)."""
+
+    def sign(request: Any) -> None:
+        digest = hashlib.sha256(request.content).hexdigest()
+        request.headers["x-signature"] = digest
+
+    if is_async:
+
+        class AsyncSigning(h.AsyncHTTPTransport):  # type: ignore[misc,name-defined]
+            async def handle_async_request(self, request: Any) -> Any:
+                await request.aread()
+                sign(request)
+                return await super().handle_async_request(request)
+
+        return AsyncSigning()
+
+    class Signing(h.HTTPTransport):  # type: ignore[misc,name-defined]
+        def handle_request(self, request: Any) -> Any:
+            request.read()
+            sign(request)
+            return super().handle_request(request)
+
+    return Signing()
+
+
+@pytest.mark.parametrize("flavour", ["httpx", "httpx2"])
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_one_shot_body_read_by_the_inner_transport_is_still_one_shot(
+    flavour: str, is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """A generator body goes to a's own URL through an inner transport that reads it (to
+    sign it), so it is in memory once sent. It is still the one-shot body it was: a's 503
+    is the answer and b never gets it (routed), and an unrouted 503 counts for the scopes
+    of a request whose body was not known (no model) — as on the general path."""
+    h: Any = httpx2 if flavour == "httpx2" else httpx
+    module: Any = sidestep.httpx2 if flavour == "httpx2" else sidestep
+    a.behaviour = lambda _: Respond(503, b"down")
+
+    def scenario(fast: bool) -> list[Any]:
+        trail: list[Any] = []
+        for config, url in ((_pair(a, b), a.url + "/v1/chat"), (None, a.url + "/chat")):
+            inner = _signing(h, is_async)
+            if is_async:
+                transport = module.AsyncFailoverTransport(config, transport=inner)
+                transport._core._fast_path = fast
+
+                async def send(transport: Any = transport, url: str = url) -> Any:
+                    async with h.AsyncClient(transport=transport) as client:
+                        return await client.post(url, content=_async_chunks())
+
+                response = asyncio.run(send())
+            else:
+                transport = module.FailoverTransport(config, transport=inner)
+                transport._core._fast_path = fast
+                with h.Client(transport=transport) as client:
+                    response = client.post(url, content=_chunks())
+            trail.append((response.status_code, response.extensions["sidestep"]))
+            trail.append(sorted((s.scope, s.failures) for s in transport.suspensions()))
+        return trail
+
+    fast = scenario(True)
+    assert fast == scenario(False)
+    assert fast[0] == (503, _served_by("a"))
+    assert fast[3] == [("origin", 1), ("origin+endpoint", 1)]
+    assert b.calls == 0
+    assert a.seen[0].headers["x-signature"] == hashlib.sha256(b'{"model":"m"}').hexdigest()
+
+
+_FUZZ_URLS = (
+    "http://llm.internal/v1/models",
+    ORIGIN + "/v1/models",
+    ORIGIN + "/v1/chat",
+    BACKUP + "/v2/x",  # the direct route's second target's own URL
+    "http://unrouted.example/a",
+    "http://unrouted.example/b",
+)
+_FUZZ_ANSWERS = ("ok", "stream", "broken", "redirect", "connect", "timeout", "429", "401")
+_FUZZ_ANSWERS += ("404", "500", "503")
+
+
+def _fuzz_body(rng: random.Random, is_async: bool) -> dict[str, Any]:
+    kind = rng.choice(["none", "json", "files", "bytes as a stream", "generator"])
+    if kind == "json":
+        return {"json": {"model": rng.choice(["m", "n"])}}
+    if kind == "files":
+        return {"files": {"f": b"data"}}
+    if kind == "bytes as a stream":
+        return {"stream": httpx.ByteStream(b'{"model":"m"}')}
+    if kind == "generator":
+        return {"content": _async_chunks() if is_async else _chunks()}
+    return {}
+
+
+def _fuzz_steps(seed: int, is_async: bool) -> Iterator[tuple[str, str, str, str, float, Any]]:
+    rng = random.Random(seed)
+    primaries = _FUZZ_ANSWERS if is_async else (*_FUZZ_ANSWERS, "race")
+    for _ in range(60):
+        method, url = rng.choice(["GET", "POST"]), rng.choice(_FUZZ_URLS)
+        primary, backup = rng.choice(primaries), rng.choice(_FUZZ_ANSWERS)
+        yield method, url, primary, backup, rng.choice([0, 0, 0, 4, 11]), _fuzz_body(rng, is_async)
+
+
+def _fuzz(seed: int, is_async: bool, fast: bool) -> list[Any]:
+    """What seeded random traffic gets, step by step: answers or errors, and the store."""
+
+    def request(method: str, url: str, body: dict[str, Any]) -> httpx.Request:
+        stream = body.pop("stream", None)
+        if stream is not None:
+            return httpx.Request(method, url, stream=stream)
+        return httpx.Request(method, url, **body)
+
+    async def main() -> list[Any]:
+        transport, script, clock = fast_path._transport(is_async, fast)
+        trail: list[Any] = []
+        client: Any = (httpx.AsyncClient if is_async else httpx.Client)(transport=transport)
+        for method, url, primary, backup, advance, body in _fuzz_steps(seed, is_async):
+            script.primary, script.backup = primary, backup
+            try:
+                sent = client.send(request(method, url, body))
+                response = await sent if is_async else sent
+                trail.append(fast_path._result(response))
+            except Exception as exc:
+                trail.append((type(exc).__name__, str(exc)))
+            trail.append(fast_path._state(transport))
+            clock.advance(advance)
+        await client.aclose() if is_async else client.close()
+        return trail
+
+    return [_BOUNDARY.sub(b"BOUNDARY", repr(step).encode()) for step in asyncio.run(main())]
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traffic_with_every_kind_of_body_gets_the_same_on_both_paths(
+    seed: int, is_async: bool
+) -> None:
+    """Seeded random traffic — the routes of the fast-path differential test and unrouted
+    origins, each upstream answer and failure, no body, JSON, multipart, bytes as a stream
+    and one-shot generators, in-flight failures (sync), time moving on — gets the same
+    answers, errors and store after every step with the fast path as without it. (The mock
+    upstream reads each body as it is sent, as a signing transport would.)"""
+    assert _fuzz(seed, is_async, True) == _fuzz(seed, is_async, False)
 
 
 # --- failures recorded by others while a lean request is in flight -----------------------------

@@ -74,7 +74,6 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         self._exact = exact_deadlines
         self._blocking = self.store.blocking
         self._byte_stream = flavour.ByteStream
-        self._multipart = flavour.multipart
         self._fingerprint = self.store.fingerprint
         # The store's lock-free look at an origin, for the fast path (`decide`):
         # only a MemoryStore's, since only its admission is known to be that look.
@@ -114,8 +113,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         """The fast decision: `Ready` when the shell may send a request itself, else a `Run`.
 
         A request that goes as it is to its first candidate (`Candidates.lane`),
-        healthy and closed, with no multipart body to read ahead for another
-        candidate, is ready with no run made at all. Otherwise the
+        healthy and closed, with its body in memory, is ready with no run made
+        at all. Otherwise the
         request's candidates are admitted without a generator: those refused
         are skipped as `handle` skips them, and the first one admitted stops
         the decision, its admission kept in the run for the rest of the
@@ -144,13 +143,11 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             # own events, which start before any admission.
             return self._start(request, cands)
         lane = cands.lane
-        if lane is not None and cands.replay:
-            stream = request.stream  # bytes (in memory, or given as a stream) the commonest
-            if type(stream) is not self._byte_stream and isinstance(stream, self._multipart):
-                # A multipart body that may go to another candidate is read ahead, in
-                # `_start`: a file part may be read once only, a pipe's or a socket's.
-                lane = None
-        if lane is not None and self._quick:
+        if lane is not None and self._quick and getattr(request, "_content", None) is not None:
+            # Its body in memory already (none, or bytes): a run made after sending sees
+            # the body `_start` would have seen before. One still to stream is read ahead
+            # or not by `_start`, before it goes: sending may use it up (a generator, a
+            # file part read once) or put it in memory (a transport that reads it).
             memory = self._memory
             seq = memory._seq if not memory._kept else self._healthy(lane)
             if seq is not None:
@@ -222,11 +219,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         return self._attribute(response, run, target, index)
 
     def _revive(self, ready: Ready) -> Run:
-        """The run of a request `decide` let go with no run: as it would have made it.
-
-        A body that may be sent again is read now, after it was sent: bytes given
-        as a stream give the same bytes again (a multipart body never comes here).
-        """
+        """The run of a request `decide` let go with no run: as it would have made it
+        (its body was in memory before it was sent, and is the same now)."""
         request, cands, seq, sent_at = ready
         assert isinstance(cands, Candidates)
         run = self._start(request, cands)
