@@ -4,7 +4,8 @@ A request to its first candidate's own URL, healthy, is sent by the shell with
 no run made (`Core.decide` returns its `Candidates`); a run is made afterwards
 only if it is needed. These tests try to tell that apart from the general path
 (`Core._fast_path = False`) where it could show: bodies that cannot be read
-twice, failures recorded by others while the request is in flight, threads and
+twice or that an inner transport reads as it sends them, seeded random traffic,
+failures recorded by others while the request is in flight, threads and
 tasks hammering it while another origin opens and closes, cancellation mid-send
 (asyncio and trio), the response's extension, and the question of whether anyone
 listens (`sidestep.logging.listening`), which the fast path now answers from
@@ -74,9 +75,9 @@ def _received(upstream: Upstream) -> list[bytes]:
 def test_a_one_shot_file_in_a_multipart_body_reaches_the_backup_whole(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """A multipart upload whose file can be read only once goes to the first target healthy;
-    when that target answers 503, the backup gets exactly the bytes the first one got (the
-    body was read ahead), not the same form with an empty file."""
+    """A multipart upload whose file can be read only once, to a healthy first target that
+    answers 503: the backup gets exactly the bytes the first one got (the body was read
+    ahead), not the same form with an empty file."""
     a.behaviour = lambda _: Respond(503, b"down")
     driver = make(_pair(a, b))
     data = b"Z" * 5000
@@ -104,7 +105,6 @@ def _bodies(is_async: bool) -> dict[str, dict[str, Any]]:
     """Every kind of request body, made afresh (some are used up by sending)."""
     seekable = io.BytesIO(b"S" * 300)
     seekable.seek(100)  # multipart sends a file from its start, wherever it was left
-
     return {
         "json": {"json": {"model": "m"}},
         "bytes": {"content": b"raw bytes"},
