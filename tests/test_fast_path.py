@@ -22,6 +22,7 @@ from drivers import FakeClock
 from sidestep import logging as events
 from sidestep._classify import Exchange, Kind, Verdict, classify
 from sidestep._routes import Candidates
+from sidestep._run import Run
 from sidestep._store import MemoryStore
 
 PRIMARY = "http://primary.example"
@@ -315,8 +316,9 @@ def test_a_request_that_goes_as_it_is_makes_no_run(url: str) -> None:
 @pytest.mark.parametrize("kind", ["multipart", "byte stream"])
 def test_a_replayable_body_sent_as_it_is_goes_whole_to_the_next_target(kind: str) -> None:
     """A body not yet in memory that can be sent again (multipart parts, bytes passed as a
-    stream) goes as it is to a healthy first target; when that fails, the next one gets
-    the same bytes."""
+    stream) is read ahead, before it goes to a healthy first target (a run is made: sending
+    may use it up, or put it in memory); when that target fails, the next one gets the
+    same bytes."""
     transport, _, _ = _transport(False, True)
     seen: list[tuple[str, bytes]] = []
 
@@ -331,7 +333,7 @@ def test_a_replayable_body_sent_as_it_is_goes_whole_to_the_next_target(kind: str
             request = httpx.Request("POST", request.url, stream=httpx.ByteStream(b"data"))
         assert not hasattr(request, "_content")
         ready = transport._core.decide(request)
-        assert type(ready) is tuple and isinstance(ready[1], Candidates)
+        assert type(ready) is tuple and isinstance(ready[1], Run)
         response = client.send(request)
     assert response.extensions["sidestep"]["target"] == "spare"
     (first, sent), (second, again) = seen

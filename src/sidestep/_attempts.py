@@ -113,7 +113,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         """The fast decision: `Ready` when the shell may send a request itself, else a `Run`.
 
         A request that goes as it is to its first candidate (`Candidates.lane`),
-        healthy and closed, is ready with no run made at all. Otherwise the
+        healthy and closed, with its body in memory, is ready with no run made
+        at all. Otherwise the
         request's candidates are admitted without a generator: those refused
         are skipped as `handle` skips them, and the first one admitted stops
         the decision, its admission kept in the run for the rest of the
@@ -142,7 +143,11 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             # own events, which start before any admission.
             return self._start(request, cands)
         lane = cands.lane
-        if lane is not None and self._quick:
+        if lane is not None and self._quick and getattr(request, "_content", None) is not None:
+            # Its body in memory already (none, or bytes): a run made after sending sees
+            # the body `_start` would have seen before. One still to stream is read ahead
+            # or not by `_start`, before it goes: sending may use it up (a generator, a
+            # file part read once) or put it in memory (a transport that reads it).
             memory = self._memory
             seq = memory._seq if not memory._kept else self._healthy(lane)
             if seq is not None:
@@ -215,7 +220,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         return self._attribute(response, run, target, index)
 
     def _revive(self, ready: Ready) -> Run:
-        """The run of a request `decide` let go with no run: as it would have made it."""
+        """The run of a request `decide` let go with no run: as it would have made it
+        (its body was in memory before it was sent, and is the same now)."""
         request, cands, seq, sent_at = ready
         assert isinstance(cands, Candidates)
         run = self._start(request, cands)

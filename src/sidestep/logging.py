@@ -279,8 +279,12 @@ _structlog_logger = structlog.get_logger("sidestep")
 _structlog_configured = structlog.is_configured
 # Read on every request (`listening`), so read cheaply: the logger's own answers per
 # level, which logging empties in place whenever any level changes, and structlog's
-# configuration object, whose flag `structlog.is_configured()` returns.
-_answers: dict[int, bool] = getattr(_logger, "_cache", {})
+# configuration object, whose flag `structlog.is_configured()` returns. Only a logger
+# that answers from that cache has it read: one of an application's logger class
+# (`logging.setLoggerClass`) with its own `isEnabledFor` is asked, every time.
+_answers: dict[int, bool] = {}  # never filled: `isEnabledFor` is asked
+if type(_logger).isEnabledFor is logging.Logger.isEnabledFor:
+    _answers = getattr(_logger, "_cache", _answers)
 _structlog_config: Any = getattr(getattr(structlog, "_config", None), "_CONFIG", None)
 if not isinstance(getattr(_structlog_config, "is_configured", None), bool):
     _structlog_config = None  # not the structlog this was written for: ask it
@@ -313,8 +317,9 @@ def listening(level: int = logging.DEBUG) -> bool:
         return True
     enabled = _answers.get(level)  # None: not asked since the levels last changed
     if enabled is None:
-        enabled = _logger.isEnabledFor(level)
-    if enabled and not _logger.disabled:
+        if _logger.isEnabledFor(level):
+            return True
+    elif enabled and not _logger.disabled:
         return True
     if _structlog_config is not None:
         return bool(_structlog_config.is_configured)
