@@ -143,6 +143,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             # own events, which start before any admission.
             return self._start(request, cands)
         lane = cands.lane
+        unhealthy = None  # the lane's origin, when it was found not healthy
         if lane is not None and self._quick and getattr(request, "_content", None) is not None:
             # Its body in memory already (none, or bytes): a run made after sending sees
             # the body `_start` would have seen before. One still to stream is read ahead
@@ -154,6 +155,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                 # Admitted as the store would admit it (nothing kept for the origin): its
                 # run and ticket are made only if the request leaves the fast path.
                 return request, cands, seq, self.clock()
+            unhealthy = lane
         run = self._start(request, cands)
         if run.deadline is not None:
             return run  # a deadline to check before each admission
@@ -162,8 +164,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         targets = cands.targets
         for index, target in enumerate(targets):
             if quick:
-                # (a lane's first candidate was found not healthy above: not asked twice)
-                seq = healthy(target.origin) if index or lane is None else None
+                # (a lane's first candidate found not healthy above is not asked twice)
+                seq = None if unhealthy is target.origin else healthy(target.origin)
                 if seq is not None:
                     if index or not cands.direct:
                         self._candidate(run, index, target)
