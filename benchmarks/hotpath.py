@@ -13,7 +13,9 @@ Three measures, each sidestep's next to the peer breakers' in the same run:
   every request skipping it for the backup. The skip's cost is that
   isolated time minus a route that sends straight to the backup (the same
   rewrite, no skip); the outage runs a sync client paced at 1,000 requests/s
-  and compares its CPU time per request with the same client while healthy.
+  and compares its CPU time per request with the same client while healthy,
+  the two taking turns in blocks of 50 requests within each round (so that
+  the machine's slow spells fall on both alike).
 
 Samples are interleaved; times are medians of the process's CPU time, so
 that other work on a busy machine does not count, and each cost or ratio is
@@ -24,6 +26,7 @@ state of the moment: a slow spell cancels out).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections.abc import Callable
@@ -141,22 +144,36 @@ def _clients(colour: str) -> dict[str, Callable[[], Any]]:
 # -- the sustained outage -------------------------------------------------------------------
 
 
-def _paced(transport: Any, requests: int) -> float:
-    """CPU seconds per request of a sync client sending `requests` at `RATE` per second."""
-    with httpx.Client(transport=transport) as client:
-        for _ in range(20):
-            client.get(URL)
+BLOCK = 50  # requests a paced client sends before the other one takes over
+
+
+def _paced(transports: dict[str, Any], requests: int) -> dict[str, float]:
+    """CPU seconds per request of sync clients, one per transport, `requests` each at
+    `RATE` per second: they take turns in blocks of `BLOCK` (the first turn alternating),
+    so that the machine's slow and quiet spells fall on all of them alike."""
+    with contextlib.ExitStack() as stack:
+        clients = {
+            name: stack.enter_context(httpx.Client(transport=t)) for name, t in transports.items()
+        }
+        for client in clients.values():
+            for _ in range(20):
+                client.get(URL)
         gc.collect()
+        cpu = dict.fromkeys(clients, 0.0)
         interval = 1.0 / RATE
         due = time.perf_counter()
-        started = time.process_time()
-        for _ in range(requests):
-            client.get(URL).raise_for_status()
-            due += interval
-            pause = due - time.perf_counter()
-            if pause > 0:
-                time.sleep(pause)
-        return (time.process_time() - started) / requests
+        order = list(clients.items())
+        for block in range(0, requests, BLOCK):
+            for name, client in order if block // BLOCK % 2 == 0 else order[::-1]:
+                started = time.process_time()
+                for _ in range(min(BLOCK, requests - block)):
+                    client.get(URL).raise_for_status()
+                    due += interval
+                    pause = due - time.perf_counter()
+                    if pause > 0:
+                        time.sleep(pause)
+                cpu[name] += time.process_time() - started
+        return {name: spent / requests for name, spent in cpu.items()}
 
 
 def _outage_variants() -> dict[str, Callable[[], Any]]:
@@ -207,8 +224,9 @@ def run(quick: bool) -> list[Row]:
                     sample = b.cpu_per_call(partial(client.get, URL), requests)
                 times.setdefault(name, []).append(sample)
         for _ in range(rounds):
-            for name, make in _outage_variants().items():
-                times.setdefault(f"outage at 1,000/s: {name}", []).append(_paced(make(), paced))
+            made = {name: make() for name, make in _outage_variants().items()}
+            for name, sample in _paced(made, paced).items():
+                times.setdefault(f"outage at 1,000/s: {name}", []).append(sample)
     samples = {name: [t * 1e6 for t in values] for name, values in times.items()}
     return _rows(samples) + _verdicts(samples, rounds, requests, paced, client_rounds)
 

@@ -44,12 +44,10 @@ class Endings(CoreState):
             raw = client_view(response.headers.raw, target, run.request.url, cands)
             if raw is not None:
                 response.headers = type(response.headers)(raw)
-        response.extensions["sidestep"] = {
-            "route": cands.name,
-            "target": target.name,
-            "attempts": run.attempts,
-            "failover": index > 0,
-        }
+        about = cands.about[index].copy()  # route, target, failover: as on a first attempt
+        if run.attempts != 1:
+            about["attempts"] = run.attempts
+        response.extensions["sidestep"] = about
         return response
 
     def _final(self, result: Any, run: Run, target: CompiledTarget, index: int) -> Any:
