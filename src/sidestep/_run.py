@@ -1,7 +1,9 @@
 """One request's state on its way through the core, and the state the core shares.
 
 `Run` is a request's progress through its candidates, `Outcome` one
-attempt's result; both are made per request, so they are kept lean.
+attempt's result; both are made per request, so they are kept lean. `Ready`
+is what a shell gets for a request it may send itself (a plain tuple, and
+no run at all for a request that goes as it is to its first candidate).
 `CoreState` declares what `Core.__init__` sets and every part of the core reads.
 """
 
