@@ -91,13 +91,40 @@ class RedisCluster:
             command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
-    def start(self, timeout: float = 30.0) -> None:
-        """Start the six nodes, join them into one cluster and wait until it serves every slot."""
-        try:
-            self._create(timeout)
-        except BaseException:
-            self.stop()
-            raise
+    def start(self, timeout: float = 30.0, tries: int = 2) -> None:
+        """Start the six nodes, join them into one cluster and wait until it serves every slot.
+
+        A cluster that does not come up is stopped and made again on fresh ports,
+        `tries` times in all: the ports were free when chosen, and another process on
+        the machine (a second test run, in parallel) may have taken one since. The
+        error says what each node's log ended with.
+        """
+        for attempt in range(1, tries + 1):
+            try:
+                self._create(timeout)
+                return
+            except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                logs = self._log_tails()
+                self.stop()
+                if attempt == tries:
+                    raise RuntimeError(f"{exc} ({tries} tries); the nodes' logs: {logs}") from exc
+                self.ports = _cluster_ports(NODES)
+                self.url = self.url_for(self.ports[0])
+                self._dir = Path(tempfile.mkdtemp(prefix="sidestep-cluster-"))
+            except BaseException:
+                self.stop()
+                raise
+
+    def _log_tails(self) -> dict[int, list[str]]:
+        """The last lines each node logged (what a failed start leaves to look at)."""
+        tails: dict[int, list[str]] = {}
+        for port in self.ports:
+            path = self._dir / f"node-{port}.log"
+            try:
+                tails[port] = path.read_text(errors="replace").splitlines()[-3:]
+            except OSError:
+                tails[port] = []
+        return tails
 
     def _create(self, timeout: float) -> None:
         for port in self.ports:
