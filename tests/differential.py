@@ -42,6 +42,9 @@ KINDS = ("sync", "asyncio", "trio")
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 VARYING_HEADERS = {"date", "server"}
 SLOW_SECONDS = 0.3
+# what /slow?hold=long waits: longer than any stall of a loaded test process, so that a
+# caller's short read budget always runs out first (at 0.3 s, a trio run once saw the answer)
+HELD_SECONDS = 5.0
 USER, PASSWORD, REALM = "user", "right", "differential"
 
 # --- the origin server -----------------------------------------------------------------------
@@ -104,7 +107,8 @@ class Origin:
         if path in ("/public", "/fast"):
             return Response(f"{path[1:]} from {self.name}", content_type="text/plain")
         if path == "/slow":
-            threading.Event().wait(SLOW_SECONDS)  # the scenario: an endpoint that answers late
+            # the scenario: an endpoint that answers late
+            threading.Event().wait(HELD_SECONDS if request.args.get("hold") else SLOW_SECONDS)
             return Response("slow", content_type="text/plain")
         if path == "/login-required":
             return Response("login required", status=401, content_type="text/plain")

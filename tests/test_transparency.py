@@ -257,7 +257,7 @@ async def caller_timeouts(h: Any, w: World, o: Observer) -> None:
             await o.outcome(
                 f"/slow with timeout=0.05, try {n}",
                 # a short read budget; connecting is not what is timed
-                c.get(w.a + "/slow", timeout=h.Timeout(5.0, read=0.05)),
+                c.get(w.a + "/slow?hold=long", timeout=h.Timeout(5.0, read=0.05)),
                 aside=True,
             )
         await o.outcome("/fast", c.get(w.a + "/fast"))
