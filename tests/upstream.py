@@ -90,6 +90,8 @@ class Upstream:
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
         self._server: asyncio.AbstractServer | None = None
+        self._writers: set[asyncio.StreamWriter] = set()  # every connection still open
+        self._handlers: set[asyncio.Task[None]] = set()
         self._thread = threading.Thread(target=self._run, name=f"upstream-{name}", daemon=True)
         self._thread.start()
         self._ready.wait(5)
@@ -117,7 +119,7 @@ class Upstream:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         self._ready.set()
         await self._stop.wait()
         self._server.close()
@@ -125,6 +127,18 @@ class Upstream:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        # Every socket closed before the loop is: a handler cancelled before it began
+        # never closes its own, and a closing transport's socket goes only on a later turn.
+        for writer in self._writers:
+            writer.transport.abort()
+        closing = [writer.wait_closed() for writer in self._writers]
+        await asyncio.gather(*closing, return_exceptions=True)
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)  # at once, before its handler's first step
+        task = asyncio.get_running_loop().create_task(self._connection(reader, writer))
+        self._handlers.add(task)  # the loop keeps only a weak reference
+        task.add_done_callback(self._handlers.discard)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with self._lock:
@@ -148,6 +162,8 @@ class Upstream:
                 self.open_connections -= 1
             with contextlib.suppress(Exception):
                 writer.close()
+                await writer.wait_closed()
+                self._writers.discard(writer)
 
     async def _answer(
         self, action: Action, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
