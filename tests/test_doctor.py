@@ -284,6 +284,13 @@ PROCESS_FORMS = {
         "warn",
         "3 workers (WEB_CONCURRENCY)",
     ),
+    "env -i drops WEB_CONCURRENCY": (
+        "env -i gunicorn app:app",
+        {"WEB_CONCURRENCY": "4"},
+        False,
+        "ok",
+        "one worker (its default)",
+    ),
     "-w overrides WEB_CONCURRENCY": (
         "gunicorn -w 1 app:app",
         {"WEB_CONCURRENCY": "8"},
