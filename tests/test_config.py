@@ -397,7 +397,6 @@ def test_bad_headers_are_refused(headers: object, reason: str) -> None:
 FRAMING = "framing headers are set from the body"
 HOP_BY_HOP = "hop-by-hop headers belong to one connection"
 REFUSED_HEADERS = {
-    "Host": "Host is set from the target's URL",
     "Content-Length": FRAMING,
     "Transfer-Encoding": FRAMING,
     "Connection": HOP_BY_HOP,
@@ -416,7 +415,7 @@ SPELLINGS = [
 
 @pytest.mark.parametrize("name", SPELLINGS)
 def test_a_header_each_request_makes_itself_is_refused_in_any_case(name: str) -> None:
-    """Host, the framing headers and the hop-by-hop headers, however spelled, are refused
+    """The framing headers and the hop-by-hop headers, however spelled, are refused
     on a target with the header's name and why, never its value: a configured one went out
     in place of or beside the request's own (a wrong Content-Length breaks the framing)."""
     with pytest.raises(ValidationError) as caught:
@@ -895,7 +894,7 @@ SECRET_DOCUMENTS = {
     "env secret into a duration": "breaker: {cooldown: '${TOKEN}'}",
     "env secret into a url": in_target("url: 'https://a.example/?k=${TOKEN}'"),
     "env secret into a bad header": in_target(URL + ", headers: {'bad name': 'B ${TOKEN}'}"),
-    "env secret into a refused header": in_target(URL + ", headers: {Host: '${TOKEN}'}"),
+    "env secret into a refused header": in_target(URL + ", headers: {Connection: '${TOKEN}'}"),
     "refused header": in_target(f"{URL}, headers: {{Transfer-Encoding: <SECRET>}}"),
     "env secret into an unknown key": "token: '${TOKEN}'",
     "env secret next to a missing variable": "x: '${TOKEN} ${NOT_SET_ANYWHERE}'",

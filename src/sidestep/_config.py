@@ -213,8 +213,8 @@ _FRAMING = "framing headers are set from the body"
 _HOP_BY_HOP = "hop-by-hop headers belong to one connection, and the HTTP client sets them"
 # Headers a target may not set (lowercase name -> why): each request's own is made
 # anew, so a configured one would be dropped or sent beside it, breaking the framing.
+# (A target's own Host is allowed: it replaces the one made from its URL.)
 _REFUSED_HEADERS = {
-    "host": "Host is set from the target's URL",
     "content-length": _FRAMING,
     "transfer-encoding": _FRAMING,
     "connection": _HOP_BY_HOP,

@@ -72,8 +72,11 @@ class CompiledTarget:
 
     @property
     def sent_headers(self) -> tuple[tuple[str, str], ...]:
-        """What it adds to every request: its Host, then its own headers (none of which
-        is a Host or a framing or hop-by-hop header: the configuration refuses them)."""
+        """What it adds to every request: its Host, then its own headers (a Host of its
+        own among them replaces the one made from its URL: one Host is ever sent; no
+        framing or hop-by-hop header is among them: the configuration refuses those)."""
+        if any(name == "host" for name, _ in self.headers):
+            return self.headers
         return (("host", self.host_header), *self.headers)
 
 
