@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os.path
+import sys
 import textwrap
 import traceback
 from datetime import timedelta
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from drivers import MakeDriver, route
 from sidestep._config import (
     BreakerPolicy,
     Config,
@@ -29,6 +31,7 @@ from sidestep._config import (
     parse_size,
 )
 from sidestep._errors import ConfigError
+from upstream import Respond, Upstream
 
 SECRET = "sk-live-SECRET123"
 
@@ -388,6 +391,137 @@ def test_bad_headers_are_refused(headers: object, reason: str) -> None:
     `UnicodeEncodeError` when it was built)."""
     with pytest.raises(ValidationError, match=reason):
         Target(name="a", url="https://a.example", headers=headers)
+
+
+# A header each request makes itself, and why a target may not set it.
+FRAMING = "framing headers are set from the body"
+HOP_BY_HOP = "hop-by-hop headers belong to one connection"
+REFUSED_HEADERS = {
+    "Content-Length": FRAMING,
+    "Transfer-Encoding": FRAMING,
+    "Connection": HOP_BY_HOP,
+    "Keep-Alive": HOP_BY_HOP,
+    "Proxy-Connection": HOP_BY_HOP,
+    "TE": HOP_BY_HOP,
+    "Trailer": HOP_BY_HOP,
+    "Upgrade": HOP_BY_HOP,
+}
+SPELLINGS = [
+    spelled
+    for name in REFUSED_HEADERS
+    for spelled in dict.fromkeys((name, name.lower(), name.upper(), name.swapcase()))
+]
+
+
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_a_header_each_request_makes_itself_is_refused_in_any_case(name: str) -> None:
+    """The framing headers and the hop-by-hop headers, however spelled, are refused
+    on a target with the header's name and why, never its value: a configured one went out
+    in place of or beside the request's own (a wrong Content-Length breaks the framing)."""
+    with pytest.raises(ValidationError) as caught:
+        Target(name="a", url="https://a.example", headers={"accept": "x", name: SECRET})
+    shown = everything_shown(caught.value)
+    assert f"header {name!r} cannot be set by a target: " in shown
+    assert {n.lower(): why for n, why in REFUSED_HEADERS.items()}[name.lower()] in shown
+    assert SECRET not in shown
+
+
+def test_headers_near_a_refused_name_are_accepted() -> None:
+    """Only the exact names are refused: a header that merely contains one (X-Forwarded-Host,
+    Content-Type, TE-like prefixes, Upgrade-Insecure-Requests) is an ordinary header."""
+    names = ["X-Forwarded-Host", "Content-Type", "Tes", "Upgrade-Insecure-Requests", "X-Host"]
+    t = Target(name="a", url="https://a.example", headers=dict.fromkeys(names, "v"))
+    assert list(t.headers) == [n.lower() for n in names]
+
+
+@pytest.mark.parametrize("name", REFUSED_HEADERS)
+def test_every_way_a_configuration_arrives_refuses_the_same_headers(
+    name: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A Python mapping (as_config, install), a YAML file whose value comes from the
+    environment (load_config), the file SIDESTEP_CONFIG names (sidestep run) and sidestep
+    doctor all refuse the header, naming it and its key path, never the value; the run's
+    command is never started."""
+    from sidestep import install, uninstall
+    from sidestep._cli import main
+
+    key = "routes[0].targets[0].headers (route 'chat', target 'primary')"
+    why = f"header {name!r} cannot be set by a target: {REFUSED_HEADERS[name]}"
+    data = one_route(targets=[target(headers={name: SECRET})])
+    with pytest.raises(ConfigError) as caught:
+        as_config(data)
+    assert str(caught.value).startswith(f"<mapping>: {key}: {why}")
+    assert SECRET not in everything_shown(caught.value)
+    with pytest.raises(ConfigError) as caught:
+        install(data)
+    uninstall()
+    assert why in str(caught.value) and SECRET not in everything_shown(caught.value)
+
+    monkeypatch.setenv("TARGET_HEADER_VALUE", SECRET)
+    path = write(
+        tmp_path,
+        f"""\
+        routes:
+          - name: chat
+            targets:
+              - name: primary
+                url: https://api.primary.example/v1
+                headers: {{{name}: "${{TARGET_HEADER_VALUE}}"}}
+        """,
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value).startswith(f"{path}: {key}: {why}")
+    assert SECRET not in everything_shown(caught.value)
+
+    started = tmp_path / "started"
+    monkeypatch.setenv("SIDESTEP_CONFIG", str(path))
+    command = ["--", sys.executable, "-c", f"open({str(started)!r}, 'w')"]
+    assert main(["run", *command]) == 2
+    assert not started.exists()
+    assert main(["doctor", "--json"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count(why) == 2 and key in err
+    assert SECRET not in out + err
+
+
+HTTPX_DEFAULTS = ("accept-encoding", "connection", "user-agent")  # every client request's
+
+
+def test_a_targets_allowed_headers_are_sent_exactly_once(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Through each transport, to a first target and to the one it fails over to, a
+    target's headers replace the caller's of the same names, each line sent once, beside
+    one Host made from the target's URL and one Content-Length made from the body."""
+    a.behaviour = lambda _: Respond(503, "down")
+    own = {
+        "a": {"X-Api-Key": "key-a", "Accept": "application/a", "X-Tag": "a"},
+        "b": {"x-api-key": "key-b", "ACCEPT": "application/b", "x-tag": "b"},
+    }
+    config = route(
+        ("a", a.url + "/v1"),
+        ("b", b.url + "/v1"),
+        targets={name: {"headers": headers} for name, headers in own.items()},
+    )
+    caller = {"x-api-key": "caller-key", "accept": "caller/accept", "x-caller": "kept"}
+    body = b'{"model": "m"}'
+    r = make(config).post(a.url + "/v1/chat", headers=caller, content=body)
+    assert (r.status, r.text) == (200, "b")
+    for server, name in ((a, "a"), (b, "b")):
+        (seen,) = server.seen
+        sent = [line for line in seen.raw if line[0] not in HTTPX_DEFAULTS]
+        expected = {
+            "host": f"127.0.0.1:{server.port}",
+            "content-length": str(len(body)),
+            "x-caller": "kept",
+            **{n.lower(): v for n, v in own[name].items()},
+        }
+        assert sorted(sent) == sorted(expected.items()), name
+        assert seen.body == body
 
 
 def test_json_fields_take_the_json_key() -> None:
@@ -760,6 +894,8 @@ SECRET_DOCUMENTS = {
     "env secret into a duration": "breaker: {cooldown: '${TOKEN}'}",
     "env secret into a url": in_target("url: 'https://a.example/?k=${TOKEN}'"),
     "env secret into a bad header": in_target(URL + ", headers: {'bad name': 'B ${TOKEN}'}"),
+    "env secret into a refused header": in_target(URL + ", headers: {Connection: '${TOKEN}'}"),
+    "refused header": in_target(f"{URL}, headers: {{Transfer-Encoding: <SECRET>}}"),
     "env secret into an unknown key": "token: '${TOKEN}'",
     "env secret next to a missing variable": "x: '${TOKEN} ${NOT_SET_ANYWHERE}'",
 }
@@ -781,6 +917,7 @@ SECRET_MAPPINGS = {
     "header value": one_route(targets=[target(headers={"authorization": [SECRET]})]),
     "header value with a newline": one_route(targets=[target(headers={"x-k": f"{SECRET}\n"})]),
     "header name": one_route(targets=[target(headers={f"Bearer {SECRET}": "x"})]),
+    "refused header": one_route(targets=[target(headers={"Content-Length": SECRET})]),
     "url": one_route(targets=[target(url=f"https://u:{SECRET}@a.example:bad/v1")]),
     "url object": one_route(targets=[target(url=object.__new__(type(SECRET, (), {})))]),
     "duration": {"breaker": {"cooldown": SECRET}},

@@ -229,3 +229,255 @@ def test_numbers_durations_and_switches_from_unset_variables_are_not_invalid(
     status, found, err = doctor(capsys, tmp_path, yaml)
     assert status == 2 and found == {}
     assert "failover.max_total_attempts" in err and "many" not in err
+
+
+# (command after --, environment, whether ./gunicorn.conf.py exists, status, the reason's words)
+PROCESS_FORMS = {
+    "gunicorn alone runs one worker": (
+        "gunicorn app:app",
+        {},
+        False,
+        "ok",
+        "gunicorn with one worker (its default)",
+    ),
+    "gunicorn -w N": ("gunicorn -w 4 app:app", {}, False, "warn", "gunicorn with 4 workers (-w)"),
+    "gunicorn -wN": ("gunicorn -w3 app:app", {}, False, "warn", "gunicorn with 3 workers (-w)"),
+    "gunicorn --workers N": (
+        "gunicorn --workers 2 app:app",
+        {},
+        False,
+        "warn",
+        "2 workers (--workers)",
+    ),
+    "gunicorn --workers=1": (
+        "gunicorn --workers=1 app:app",
+        {},
+        False,
+        "ok",
+        "gunicorn with 1 worker (--workers)",
+    ),
+    "python -m gunicorn": (
+        "python3 -X dev -m gunicorn app:app",
+        {},
+        False,
+        "ok",
+        "gunicorn with one worker",
+    ),
+    "WEB_CONCURRENCY": (
+        "gunicorn app:app",
+        {"WEB_CONCURRENCY": "5"},
+        False,
+        "warn",
+        "5 workers (WEB_CONCURRENCY)",
+    ),
+    "WEB_CONCURRENCY=1": (
+        "gunicorn app:app",
+        {"WEB_CONCURRENCY": "1"},
+        False,
+        "ok",
+        "1 worker (WEB_CONCURRENCY)",
+    ),
+    "env WEB_CONCURRENCY=N": (
+        "env WEB_CONCURRENCY=3 gunicorn app:app",
+        {},
+        False,
+        "warn",
+        "3 workers (WEB_CONCURRENCY)",
+    ),
+    "env -i drops WEB_CONCURRENCY": (
+        "env -i gunicorn app:app",
+        {"WEB_CONCURRENCY": "4"},
+        False,
+        "ok",
+        "one worker (its default)",
+    ),
+    "-w overrides WEB_CONCURRENCY": (
+        "gunicorn -w 1 app:app",
+        {"WEB_CONCURRENCY": "8"},
+        False,
+        "ok",
+        "1 worker (-w)",
+    ),
+    "GUNICORN_CMD_ARGS": (
+        "gunicorn app:app",
+        {"GUNICORN_CMD_ARGS": "--bind :8000 --workers 6"},
+        False,
+        "warn",
+        "6 workers (GUNICORN_CMD_ARGS)",
+    ),
+    "gunicorn -c FILE": (
+        "gunicorn -c deploy/gunicorn.py app:app",
+        {"WEB_CONCURRENCY": "1"},
+        False,
+        "unknown",
+        "configuration file (given with -c) may set workers: doctor does not read it",
+    ),
+    "gunicorn --config=FILE": (
+        "gunicorn --config=python:deploy.conf app:app",
+        {},
+        False,
+        "unknown",
+        "(given with --config)",
+    ),
+    "gunicorn -c FILE -w N": (
+        "gunicorn -c deploy/gunicorn.py -w 2 app:app",
+        {},
+        False,
+        "warn",
+        "2 workers (-w)",
+    ),
+    "gunicorn.conf.py in the directory": (
+        "gunicorn app:app",
+        {},
+        True,
+        "unknown",
+        "gunicorn.conf.py (in this directory) may set",
+    ),
+    "gunicorn -w not a number": (
+        "gunicorn -w $WORKERS app:app",
+        {},
+        False,
+        "unknown",
+        "whose -w is not a number here",
+    ),
+    "uwsgi alone runs one process": (
+        "uwsgi --http :8000 -w app",
+        {},
+        False,
+        "ok",
+        "uwsgi with one process (its default)",
+    ),
+    "uwsgi -p N": ("uwsgi -p 4 --module app", {}, False, "warn", "4 processes (-p)"),
+    "uwsgi --processes=1": ("uwsgi --processes=1", {}, False, "ok", "1 process (--processes)"),
+    "uwsgi --workers N": ("uwsgi --workers 2", {}, False, "warn", "2 processes (--workers)"),
+    "uwsgi UWSGI_PROCESSES": (
+        "uwsgi --module app",
+        {"UWSGI_PROCESSES": "3"},
+        False,
+        "warn",
+        "(UWSGI_PROCESSES)",
+    ),
+    "uwsgi --ini FILE": (
+        "uwsgi --ini app.ini",
+        {},
+        False,
+        "unknown",
+        "configuration file may set processes",
+    ),
+    "uwsgi FILE.ini": ("uwsgi app.ini", {}, False, "unknown", "doctor does not read it"),
+    "uwsgi a count before its file": (
+        "uwsgi --processes 1 --yaml app.yaml",
+        {},
+        False,
+        "unknown",
+        "may set processes",
+    ),
+    "uwsgi a count after its file": (
+        "uwsgi --ini app.ini -p 1",
+        {},
+        False,
+        "ok",
+        "uwsgi with 1 process (-p)",
+    ),
+    "celery worker: one process per CPU": (
+        "celery -A proj worker",
+        {},
+        False,
+        "warn",
+        "one process per CPU (its default",
+    ),
+    "celery worker -c 1": ("celery -A proj worker -c 1", {}, False, "ok", "1 process (-c)"),
+    "celery worker --concurrency N": (
+        "celery -A proj worker --concurrency 4",
+        {},
+        False,
+        "warn",
+        "4 processes (--concurrency)",
+    ),
+    "celery worker --pool solo": (
+        "celery -A proj worker --pool solo",
+        {},
+        False,
+        "ok",
+        "the solo pool: one process",
+    ),
+    "celery worker -P threads": (
+        "celery -A proj worker -P threads -c 8",
+        {},
+        False,
+        "ok",
+        "the threads pool",
+    ),
+    "celery worker --pool=prefork": (
+        "celery -A proj worker --pool=prefork",
+        {},
+        False,
+        "warn",
+        "one process per CPU",
+    ),
+    "celery worker --autoscale": (
+        "celery -A proj worker --autoscale=10,3",
+        {},
+        False,
+        "warn",
+        "10 processes (--autoscale",
+    ),
+    "celery beat": ("celery -A proj beat", {}, False, "ok", "celery, not a worker: one process"),
+    "celery multi": ("celery multi start w1 w2", {}, False, "warn", "starts several workers"),
+    "uvicorn alone": ("uvicorn app:app", {}, False, "ok", "without a worker option: one process"),
+    "uvicorn and WEB_CONCURRENCY": (
+        "uvicorn app:app",
+        {"WEB_CONCURRENCY": "2"},
+        False,
+        "warn",
+        "2 workers (WEB_CONCURRENCY)",
+    ),
+}
+PROCESS_VARIABLES = (
+    "WEB_CONCURRENCY",
+    "GUNICORN_CMD_ARGS",
+    "UWSGI_PROCESSES",
+    "UWSGI_WORKERS",
+    "UWSGI_INI",
+    "UWSGI_YAML",
+    "UWSGI_YML",
+    "UWSGI_JSON",
+    "UWSGI_XML",
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "environ", "conf", "status", "words"),
+    PROCESS_FORMS.values(),
+    ids=PROCESS_FORMS.keys(),
+)
+def test_a_memory_store_follows_the_processes_the_command_runs(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    environ: dict[str, str],
+    conf: bool,
+    status: str,
+    words: str,
+) -> None:
+    """The store finding warns only when the command runs several processes — gunicorn and
+    uwsgi run one unless an option, an environment variable or a configuration file says
+    otherwise, celery's worker one per CPU unless its concurrency or pool says otherwise —
+    and is unknown, saying so, when a configuration file it does not read may decide; an
+    argument's value (a secret in --env) never shows."""
+    for name in PROCESS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    here = tmp_path / "app"
+    here.mkdir()
+    if conf:
+        (here / "gunicorn.conf.py").write_text("workers = 4\n")
+    monkeypatch.chdir(here)
+    secret = f"--env=API_KEY={SECRET}" if command.startswith("gunicorn") else SECRET
+    _, found, err = doctor(capsys, tmp_path, "routes: []", "--", *command.split(), secret)
+    (store,) = found["store"]
+    assert (store["status"], store["keys"]) == (status, ["store"]), (store["reason"], err)
+    assert words in store["reason"]
+    assert SECRET not in store["reason"]

@@ -23,8 +23,9 @@ from typing import Any
 class Seen:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # the last of each name
     body: bytes
+    raw: list[tuple[str, str]] = field(default_factory=list)  # every header line, in order
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -224,11 +225,11 @@ async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
         return None
     lines = raw.decode("latin-1").split("\r\n")
     method, path, _ = lines[0].split(" ", 2)
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
+    raw_headers = [
+        (name.strip().lower(), value.strip())
+        for name, _, value in (line.partition(":") for line in lines[1:] if line)
+    ]
+    headers = dict(raw_headers)
     body = b""
     if "content-length" in headers:
         body = await reader.readexactly(int(headers["content-length"]))
@@ -241,7 +242,7 @@ async def _read_request(reader: asyncio.StreamReader) -> Seen | None:
                 break
             parts.append(data[:-2])
         body = b"".join(parts)
-    return Seen(method, path, headers, body)
+    return Seen(method, path, headers, body, raw_headers)
 
 
 @contextlib.contextmanager

@@ -209,6 +209,21 @@ def _origin(url: str) -> str:
 
 
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FRAMING = "framing headers are set from the body"
+_HOP_BY_HOP = "hop-by-hop headers belong to one connection, and the HTTP client sets them"
+# Headers a target may not set (lowercase name -> why): each request's own is made
+# anew, so a configured one would be dropped or sent beside it, breaking the framing.
+# (A target's own Host is allowed: it replaces the one made from its URL.)
+_REFUSED_HEADERS = {
+    "content-length": _FRAMING,
+    "transfer-encoding": _FRAMING,
+    "connection": _HOP_BY_HOP,
+    "keep-alive": _HOP_BY_HOP,
+    "proxy-connection": _HOP_BY_HOP,
+    "te": _HOP_BY_HOP,
+    "trailer": _HOP_BY_HOP,
+    "upgrade": _HOP_BY_HOP,
+}
 
 
 def _check_headers(value: object) -> object:
@@ -223,6 +238,8 @@ def _check_headers(value: object) -> object:
     for position, (name, text) in enumerate(value.items(), start=1):
         if not isinstance(name, str) or not _TOKEN.fullmatch(name):
             raise ValueError(f"header #{position}: the name is not a valid HTTP header name")
+        if (why := _REFUSED_HEADERS.get(name.lower())) is not None:
+            raise ValueError(f"header {name!r} cannot be set by a target: {why}")
         if not isinstance(text, str):
             raise ValueError(f"header {name!r}: the value must be a string")
         if any(ch in text for ch in "\r\n\0"):

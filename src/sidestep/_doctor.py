@@ -3,8 +3,10 @@
 Each check returns `Finding`s — ``ok``, ``warn``, or ``unknown`` when the
 evidence would only come from running it — with a one-line reason and the
 key paths involved. Reasons name routes, targets, keys and variable names,
-never a value: values may be credentials. Only `--online` does any I/O, and
-only to the configured Redis.
+never a value: values may be credentials. Only `--online` talks to anything,
+and only to the configured Redis; the `store` check reads how many processes
+the command after ``--`` runs (`_processes`), which may look for a
+``gunicorn.conf.py`` in the working directory.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ._config import Config, FailoverPolicy, Route, Target
+from ._processes import processes
 from ._scopes import is_credential
 from ._store_config import StoreSettings, redis_server
 
@@ -49,8 +52,6 @@ _TYPICAL_WAIT = {
 }
 _SMALL_BUFFER = 1 << 20  # an LLM answer of long output, tools and logprobs reaches this
 _MEANINGFUL_CALLS = 10
-# Servers that fork worker processes by default (or usually run with several).
-_MULTI_PROCESS = re.compile(r"^(gunicorn|uwsgi|celery)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,25 +371,7 @@ def _store(
     store: StoreSettings, command: Sequence[str], ping: Callable[[], bool] | None
 ) -> Iterator[Finding]:
     if store.kind == "memory":
-        workers = _processes(command) if command else None
-        if workers is None:
-            yield Finding(
-                UNKNOWN,
-                "store",
-                "memory store: circuits are per process; whether the app runs in several is"
-                " not known here (give the command after --)",
-                ("store",),
-            )
-        elif workers:
-            yield Finding(
-                WARN,
-                "store",
-                f"memory store under {workers}: each worker process learns every outage"
-                " on its own; a redis store shares circuits across them",
-                ("store",),
-            )
-        else:
-            yield Finding(OK, "store", "memory store, one process", ("store",))
+        yield _memory(command)
         return
     options = store.options
     if store.kind == "redis":
@@ -419,18 +402,34 @@ def _store(
             )
 
 
-def _processes(command: Sequence[str]) -> str:
-    """The multi-process server `command` starts ("" when it is not one, or runs one worker)."""
-    words = list(command)
-    if len(words) > 2 and words[1] == "-m":  # python -m gunicorn ...
-        words = words[2:]
-    name = words[0].rpartition("/")[2] if words else ""
-    joined = " ".join(words[1:])
-    workers = re.search(r"(?:--workers|--concurrency|--processes|-w|-c)[= ]?(\d+)", joined)
-    if workers:
-        count = int(workers[1])
-        return f"{name} with {count} workers" if count > 1 else ""
-    return name if _MULTI_PROCESS.search(name) else ""
+def _memory(command: Sequence[str]) -> Finding:
+    """A memory store under the command: per-process circuits split between workers."""
+    if not command:
+        return Finding(
+            UNKNOWN,
+            "store",
+            "memory store: circuits are per process; whether the app runs in several is"
+            " not known here (give the command after --)",
+            ("store",),
+        )
+    run = processes(command)
+    if run.several is None:
+        return Finding(
+            UNKNOWN,
+            "store",
+            f"memory store under {run.what}; if it runs several processes, each learns"
+            " every outage on its own",
+            ("store",),
+        )
+    if run.several:
+        return Finding(
+            WARN,
+            "store",
+            f"memory store under {run.what}: each worker process learns every outage"
+            " on its own; a redis store shares circuits across them",
+            ("store",),
+        )
+    return Finding(OK, "store", f"memory store under {run.what}", ("store",))
 
 
 def _n(count: int, noun: str) -> str:

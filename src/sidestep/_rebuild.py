@@ -84,14 +84,11 @@ class _Plan:
 
     def __init__(self, target: CompiledTarget) -> None:
         self.target = target  # kept so that its id stays its own
-        # its Host and own headers encoded; None: it sets a content header itself,
-        # and httpx places the others around it
-        self.own: list[_Entry] | None = [
+        # its Host and own headers encoded (never a content header: httpx places those)
+        self.own: list[_Entry] = [
             (name.encode("ascii"), name.lower().encode("ascii"), value.encode("ascii"))
             for name, value in target.sent_headers
         ]
-        if any(name.lower().encode("ascii") in _CONTENT for name, _ in target.headers):
-            self.own = None
         # per `keep` (False, True): {lowercase header name: whether it goes along}
         self.fates: tuple[dict[bytes, bool], dict[bytes, bool]] = ({}, {})
         # per `keep`: {the URL's parsed parts (or its text): the URL moved here} (a URL
@@ -142,13 +139,13 @@ class Rebuilder:
         items = getattr(request.headers, "_list", None)
         cls = type(request)
         shape = None
-        if body is not None and own is not None and items is not None:
+        if body is not None and items is not None:
             method = request.method
             try:
                 shape = self._shapes[(cls, method, not body)]
             except KeyError:
                 shape = self._shape(cls, method, not body)
-        if shape is None or body is None or own is None or items is None:
+        if shape is None or body is None or items is None:
             return as_httpx_builds(request, moved, target, keep, body, extensions)
         before, after, stream_cls, headers_cls, assemble = shape
         goes = plan.fates[keep]

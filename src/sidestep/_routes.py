@@ -73,7 +73,8 @@ class CompiledTarget:
     @property
     def sent_headers(self) -> tuple[tuple[str, str], ...]:
         """What it adds to every request: its Host, then its own headers (a Host of its
-        own among them replaces the one made from its URL: one Host is ever sent)."""
+        own among them replaces the one made from its URL: one Host is ever sent; no
+        framing or hop-by-hop header is among them: the configuration refuses those)."""
         if any(name == "host" for name, _ in self.headers):
             return self.headers
         return (("host", self.host_header), *self.headers)

@@ -1,0 +1,219 @@
+"""How many processes a server command runs, read from its words and environment.
+
+`sidestep doctor -- CMD ...` asks it whether a per-process memory store would be
+split between workers. gunicorn and uwsgi run one worker unless told otherwise
+(an option, an environment variable, a configuration file); celery's worker runs
+one process per CPU unless its concurrency or pool says otherwise. A configuration
+file is never read (it may be code): when one may set the count, the answer is
+that it is not known. Descriptions name programs, options and variables, never an
+argument's value other than a worker count.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = ["Processes", "processes"]
+
+_PYTHON = re.compile(r"^python[0-9.]*$")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# celery pools that run every task in the worker's own process
+_ONE_PROCESS_POOLS = ("solo", "threads", "gevent", "eventlet")
+# the options that load a uwsgi configuration file
+_UWSGI_CONFIG_OPTIONS = frozenset(
+    ["--ini", "--yaml", "--yml", "-y", "--json", "--js", "-j", "--xml", "--xmlconfig", "-x"]
+)
+_UWSGI_CONFIG_SUFFIXES = (".ini", ".yaml", ".yml", ".json", ".js", ".xml")
+_UWSGI_CONFIG_VARIABLES = ("UWSGI_INI", "UWSGI_YAML", "UWSGI_YML", "UWSGI_JSON", "UWSGI_XML")
+
+
+@dataclass(frozen=True, slots=True)
+class Processes:
+    """Whether a command runs several processes (None: not known here), and what it runs."""
+
+    several: bool | None
+    what: str
+
+
+def processes(
+    command: Sequence[str],
+    environ: Mapping[str, str] = os.environ,
+    exists: Callable[[str], bool] = os.path.isfile,
+) -> Processes:
+    """What `command` runs, in `environ` (with the ``NAME=value`` of an ``env`` it starts
+    with); `exists` tells whether gunicorn would find its default configuration file."""
+    words = list(command)
+    if words and _program(words[0]) == "env":
+        words, environ = _after_env(words[1:], environ)
+    if words and _PYTHON.match(_program(words[0])):
+        words = _module(words)  # python -m gunicorn ...: gunicorn ...
+    if not words:
+        return Processes(False, "no command: one process")
+    name, args = _program(words[0]), words[1:]
+    if name == "gunicorn":
+        return _gunicorn(args, environ, exists)
+    if name == "uwsgi":
+        return _uwsgi(args, environ)
+    if name == "celery":
+        return _celery(args)
+    given = _option(args, ("--workers", "--processes"), ("-w",))
+    if given is not None:
+        return _count(name, "worker", given.option, given.value)
+    if name == "uvicorn" and "WEB_CONCURRENCY" in environ:  # --workers' default
+        return _count(name, "worker", "WEB_CONCURRENCY", environ["WEB_CONCURRENCY"])
+    return Processes(False, f"{name} without a worker option: one process")
+
+
+def _after_env(words: list[str], environ: Mapping[str, str]) -> tuple[list[str], Mapping[str, str]]:
+    """The command `env` runs, and its environment: ``-i`` empties it, ``NAME=value`` sets."""
+    changed = dict(environ)
+    while words and (words[0] in ("-i", "--ignore-environment") or _ASSIGNMENT.match(words[0])):
+        word = words.pop(0)
+        if word.startswith("-"):
+            changed.clear()
+        else:
+            name, _, value = word.partition("=")
+            changed[name] = value
+    return words, changed
+
+
+def _module(words: list[str]) -> list[str]:
+    """The module a ``python [options] -m MODULE ...`` runs, and its arguments; other
+    Python commands as they are."""
+    i = 1
+    while i < len(words) and words[i].startswith("-"):
+        if words[i] == "-m":
+            return words[i + 1 :]
+        i += 2 if words[i] in ("-W", "-X") else 1
+    return words
+
+
+def _gunicorn(
+    args: list[str], environ: Mapping[str, str], exists: Callable[[str], bool]
+) -> Processes:
+    """The command line, then GUNICORN_CMD_ARGS, then a configuration file, then
+    WEB_CONCURRENCY (the default of `workers`), then one: gunicorn's own order."""
+    workers = (("--workers",), ("-w",))
+    given = _option(args, *workers)
+    if given is not None:
+        return _count("gunicorn", "worker", given.option, given.value)
+    try:
+        extra = shlex.split(environ.get("GUNICORN_CMD_ARGS", ""))
+    except ValueError:
+        return Processes(None, "gunicorn, whose GUNICORN_CMD_ARGS cannot be split into words")
+    given = _option(extra, *workers)
+    if given is not None:
+        return _count("gunicorn", "worker", "GUNICORN_CMD_ARGS", given.value)
+    config = _option(args, ("--config",), ("-c",)) or _option(extra, ("--config",), ("-c",))
+    if config is not None:
+        return Processes(
+            None,
+            f"gunicorn, whose configuration file (given with {config.option}) may set"
+            " workers: doctor does not read it",
+        )
+    if exists("gunicorn.conf.py"):
+        return Processes(
+            None,
+            "gunicorn, whose gunicorn.conf.py (in this directory) may set workers:"
+            " doctor does not read it",
+        )
+    if "WEB_CONCURRENCY" in environ:
+        return _count("gunicorn", "worker", "WEB_CONCURRENCY", environ["WEB_CONCURRENCY"])
+    return Processes(False, "gunicorn with one worker (its default)")
+
+
+def _uwsgi(args: list[str], environ: Mapping[str, str]) -> Processes:
+    """uwsgi reads its options in order, a configuration file's where the file is named:
+    a count given after the last file stands; one before it, the file may override."""
+    given = _option(args, ("--processes", "--workers"), ("-p",))
+    files = [i for i in range(len(args)) if _uwsgi_config(args, i)]
+    if given is not None and (not files or given.at > files[-1]):
+        return _count("uwsgi", "process", given.option, given.value)
+    if files or any(name in environ for name in _UWSGI_CONFIG_VARIABLES):
+        return Processes(
+            None, "uwsgi, whose configuration file may set processes: doctor does not read it"
+        )
+    for variable in ("UWSGI_PROCESSES", "UWSGI_WORKERS"):
+        if variable in environ:
+            return _count("uwsgi", "process", variable, environ[variable])
+    return Processes(False, "uwsgi with one process (its default)")
+
+
+def _uwsgi_config(args: list[str], i: int) -> bool:
+    """Whether `args[i]` names a configuration file: an option that loads one, or a
+    file given on its own (`uwsgi app.ini`)."""
+    word = args[i]
+    if word.partition("=")[0] in _UWSGI_CONFIG_OPTIONS:
+        return True
+    after_option = i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1]
+    return not word.startswith("-") and not after_option and word.endswith(_UWSGI_CONFIG_SUFFIXES)
+
+
+def _celery(args: list[str]) -> Processes:
+    """A worker's processes: one for a pool that runs tasks in the worker itself, else
+    its concurrency (or autoscale maximum), by default one per CPU."""
+    if "multi" in args:
+        return Processes(True, "celery multi, which starts several workers")
+    if "worker" not in args:
+        return Processes(False, "celery, not a worker: one process")
+    args = args[args.index("worker") + 1 :]
+    pool = _option(args, ("--pool",), ("-P",))
+    if pool is not None and pool.value in _ONE_PROCESS_POOLS:
+        return Processes(False, f"celery worker with the {pool.value} pool: one process")
+    scale = _option(args, ("--autoscale",), ())
+    if scale is not None:
+        most = scale.value.partition(",")[0]
+        return _count("celery worker", "process", "--autoscale's maximum", most)
+    given = _option(args, ("--concurrency",), ("-c",))
+    if given is not None:
+        return _count("celery worker", "process", given.option, given.value)
+    return Processes(
+        True,
+        "celery worker with one process per CPU (its default concurrency, unless the"
+        " application's worker_concurrency or worker_pool says otherwise)",
+    )
+
+
+def _count(name: str, noun: str, where: str, value: str) -> Processes:
+    """`name` running `value` (set by `where`) of `noun`."""
+    if not value.isdigit():
+        return Processes(None, f"{name}, whose {where} is not a number here")
+    count = int(value)
+    plural = "" if count == 1 else "es" if noun.endswith("s") else "s"
+    return Processes(count > 1, f"{name} with {count} {noun}{plural} ({where})")
+
+
+class _Given(NamedTuple):
+    at: int  # the index of the option's word
+    option: str  # as spelt: --workers, -w
+    value: str
+
+
+def _option(args: Sequence[str], longs: tuple[str, ...], shorts: tuple[str, ...]) -> _Given | None:
+    """The last value an option is given, from ``--workers 4``, ``--workers=4``, ``-w 4``
+    or ``-w4``; None when it is not given (before a ``--``)."""
+    found = None
+    for i, word in enumerate(args):
+        if word == "--":
+            break
+        following = args[i + 1] if i + 1 < len(args) else None
+        for flag in longs:
+            if word == flag and following is not None:
+                found = _Given(i, flag, following)
+            elif word.startswith(flag + "="):
+                found = _Given(i, flag, word[len(flag) + 1 :])
+        for flag in shorts:
+            if word == flag and following is not None:
+                found = _Given(i, flag, following)
+            elif word.startswith(flag) and not word.startswith("--") and word != flag:
+                found = _Given(i, flag, word[len(flag) :])
+    return found
+
+
+def _program(word: str) -> str:
+    return word.rpartition("/")[2]
