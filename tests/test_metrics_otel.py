@@ -132,7 +132,7 @@ def test_httpx_instrumentation_spans_nest_under_the_attempt(
 def test_a_cancelled_request_ends_its_spans_and_leaves_no_context(
     a: Upstream, otel: Captured
 ) -> None:
-    """Cancelled while waiting for an answer: the attempt and request spans end (cancelled), and the task's current span is no longer sidestep's."""
+    """Cancelled while waiting for an answer: the attempt and request spans end (cancelled) with no error status nor error.type (the caller gave up; neither upstream nor sidestep failed), the task's current span is no longer sidestep's, and the request and its attempt are counted as cancelled."""
     a.behaviour = lambda seen: Hang()
     after: list[trace.Span] = []
 
@@ -160,7 +160,12 @@ def test_a_cancelled_request_ends_its_spans_and_leaves_no_context(
     assert set(spans) == {"sidestep chat", "sidestep chat a"}
     assert spans["sidestep chat a"].attributes["sidestep.result"] == "cancelled"
     assert spans["sidestep chat"].attributes["sidestep.outcome"] == "cancelled"
+    for span in spans.values():
+        assert span.status.status_code is StatusCode.UNSET
+        assert "error.type" not in (span.attributes or {})
     assert after == [trace.INVALID_SPAN]
+    assert otel.value("sidestep.requests", route="chat", outcome="cancelled") == 1
+    assert otel.value("sidestep.attempts", route="chat", target="a", result="cancelled") == 1
 
 
 def test_unrouted_requests_have_no_span_but_count(

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from .. import _classify as c11n
 from .._circuit import State
 from .._scopes import ScopeKind
-from .._watch import ATTEMPT_RESULTS, REQUEST_OUTCOMES
+from .._watch import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
 
 __all__ = ["INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
 
@@ -106,8 +106,8 @@ INSTRUMENTS = (REQUESTS, ATTEMPTS, DURATION, FAILOVERS, SKIPPED, TRANSITIONS, PR
 Measure = tuple[Instrument, tuple[str, ...], float]
 
 _TRANSITION_EVENTS = frozenset({"circuit.opened", "circuit.half_open", "circuit.closed"})
-_RESULTS = frozenset(ATTEMPT_RESULTS)
-_OUTCOMES = frozenset(REQUEST_OUTCOMES)
+_RESULTS = frozenset((*ATTEMPT_RESULTS, CANCELLED))
+_OUTCOMES = frozenset((*REQUEST_OUTCOMES, CANCELLED))
 _REASONS = frozenset(
     {*c11n.SUSPENSION_REASONS, c11n.UNAVAILABLE, c11n.CONTEXT_OVERFLOW, c11n.CLIENT_ERROR}
 )
@@ -143,11 +143,12 @@ class Measures:
         if event == "attempt.finished":
             result = fields.get("result")
             if result not in _RESULTS:
-                return []  # cancelled: it never got a verdict
+                return []
             route, target = self._route_target(fields)
             duration = fields.get("duration_s")
             measures: list[Measure] = [(ATTEMPTS, (route, target, result), 1)]
-            if isinstance(duration, (int, float)):
+            # a cancelled attempt never got its verdict: no send-to-verdict time
+            if isinstance(duration, (int, float)) and result != CANCELLED:
                 measures.append((DURATION, (route, target), float(duration)))
             return measures
         if event == "request.finished":
