@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+import sidestep
 from drivers import FakeClock, MakeDriver, route
+from scrape import samples
 from sidestep import AllCandidatesSuspended
+from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
 from sidestep.metrics._labels import INSTRUMENTS, Measures
 from upstream import Respond, Seen, Upstream
@@ -230,3 +234,71 @@ def test_a_scope_shared_by_two_targets_leaves_the_gauge_under_the_labels_it_came
     assert d.transport.suspensions() == []
     assert value(registry, "sidestep_suspended", target="openai", **opened) == 0
     assert value(registry, "sidestep_suspended", target="oai", **opened) == 0
+
+
+def gauge_by_target(registry: CollectorRegistry) -> dict[str, float]:
+    """The suspended gauge's series added up per target, zeros left out."""
+    found = samples(generate_latest(registry).decode())
+    totals: dict[str, float] = {}
+    for (name, labels), amount in found.items():
+        if name == "sidestep_suspended" and amount:
+            target = dict(labels)["target"]
+            totals[target] = totals.get(target, 0.0) + amount
+    return totals
+
+
+def listed_by_target(rows: list[sidestep.Suspension]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for row in rows:
+        totals[row.target] = totals.get(row.target, 0.0) + 1
+    return totals
+
+
+@pytest.mark.parametrize("store_kind", ["memory", "sqlite"])
+def test_a_suspended_scope_the_store_forgets_leaves_the_gauge(
+    store_kind: str,
+    make: MakeDriver,
+    a: Upstream,
+    b: Upstream,
+    registry: CollectorRegistry,
+    tmp_path: Path,
+    default_structlog: None,
+) -> None:
+    """A store bounded to one scope holds A open; B failing next makes it forget A: `suspension.forgotten` (naming A, its scope and reason, never a path) takes A off the gauge, and after every step the gauge holds, per target, exactly what `suspensions()` lists."""
+    clock = FakeClock()
+    store: sidestep.StateStore = (
+        sidestep.MemoryStore(max_scopes=1)
+        if store_kind == "memory"
+        else sidestep.SqliteStore(tmp_path / "state.db", max_scopes=1)
+    )
+    config = route(
+        ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1, "cooldown": 60}
+    )
+    d = make(config, clock=clock, store=store)
+    events: list[tuple[str, dict[str, object]]] = []
+
+    def observer(event: str, fields: Mapping[str, object]) -> None:
+        events.append((event, dict(fields)))
+
+    add_observer(observer)
+    try:
+        a.behaviour = unavailable
+        assert d.get(a.url + "/v1/secret-path?key=q").text == "b"  # A opens
+        assert gauge_by_target(registry) == listed_by_target(d.transport.suspensions()) == {"a": 1}
+        b.behaviour = unavailable
+        assert d.get(a.url + "/v1/secret-path?key=q").status == 503  # A skipped, B opens
+    finally:
+        remove_observer(observer)
+        if isinstance(store, sidestep.SqliteStore):
+            store.close()
+    assert gauge_by_target(registry) == listed_by_target(d.transport.suspensions()) == {"b": 1}
+    (forgotten,) = [f for e, f in events if e == "suspension.forgotten"]
+    assert forgotten["target"] == "a" and forgotten["route"] == "chat"
+    assert (forgotten["scope"], forgotten["state"]) == ("origin", "open")
+    assert (forgotten["reason"], forgotten["cause"]) == ("unavailable", "max_scopes")
+    assert "secret-path" not in repr(forgotten) and "key=q" not in repr(forgotten)
+    assert a.calls == 1  # forgotten, A is called again by the next request
+    a.behaviour = lambda seen: Respond(body="a")
+    assert d.get(a.url + "/v1/x").text == "a"
+    assert a.calls == 2
+    assert gauge_by_target(registry) == listed_by_target(d.transport.suspensions()) == {"b": 1}

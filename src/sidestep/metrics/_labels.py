@@ -106,6 +106,9 @@ INSTRUMENTS = (REQUESTS, ATTEMPTS, DURATION, FAILOVERS, SKIPPED, TRANSITIONS, PR
 Measure = tuple[Instrument, tuple[str, ...], float]
 
 _TRANSITION_EVENTS = frozenset({"circuit.opened", "circuit.half_open", "circuit.closed"})
+# A suspended scope the store no longer holds, with no transition: cleared by hand,
+# or forgotten by the store to stay within its bound.
+_LET_GO_EVENTS = frozenset({"suspension.cleared", "suspension.forgotten"})
 _RESULTS = frozenset((*ATTEMPT_RESULTS, CANCELLED))
 _OUTCOMES = frozenset((*REQUEST_OUTCOMES, CANCELLED))
 _REASONS = frozenset(
@@ -167,7 +170,7 @@ class Measures:
             return [(SKIPPED, (route, target, _one_of(fields.get("reason"), _REASONS)), 1)]
         if event in _TRANSITION_EVENTS:
             return self._transition(fields)
-        if event == "suspension.cleared":
+        if event in _LET_GO_EVENTS:
             return self._cleared(fields)
         if event == "probe.admitted":
             _, target = self._route_target(fields)
@@ -197,7 +200,7 @@ class Measures:
         return OTHER
 
     def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
-        """A scope cleared by hand: it leaves the gauge as its closing would have."""
+        """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have."""
         with self._lock:
             labels = self._suspended.pop(fields.get("scope_id"), None)
         return [] if labels is None else [(SUSPENDED, labels, -1)]
