@@ -40,14 +40,21 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
+def a_then_b(a: Upstream, b: Upstream, cooldown: float) -> dict[str, Any]:
+    """Route `chat`: A, then B; one failure opens a scope for `cooldown` seconds."""
+    return route(
+        ("a", a.url + "/v1"),
+        ("b", b.url + "/v1"),
+        breaker={"failure_threshold": 1, "cooldown": cooldown},
+    )
+
+
 def test_counters_move_through_an_outage(
     make: MakeDriver, a: Upstream, b: Upstream, registry: CollectorRegistry
 ) -> None:
     """Served, then failed over, then A skipped while open, then probed and closed again: every instrument counts what happened, and the suspended gauge goes up and back down."""
     clock = FakeClock()
-    config = route(
-        ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1, "cooldown": 10}
-    )
+    config = a_then_b(a, b, cooldown=10)
     d = make(config, clock=clock)
     assert d.get(a.url + "/v1/x").text == "a"
     assert value(registry, "sidestep_requests_total", route="chat", outcome="served") == 1
@@ -283,9 +290,7 @@ def test_a_suspended_scope_the_store_forgets_leaves_the_gauge(
     """A store bounded to one scope holds A open; B failing next makes it forget A: `suspension.forgotten` (naming A, its scope and reason, never a path) takes A off the gauge, and after every step the gauge holds, per target, exactly what `suspensions()` lists."""
     clock = FakeClock()
     store = bounded_store(store_kind, request, tmp_path)
-    config = route(
-        ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1, "cooldown": 60}
-    )
+    config = a_then_b(a, b, cooldown=60)
     d = make(config, clock=clock, store=store)
     events: list[tuple[str, dict[str, object]]] = []
 
@@ -322,9 +327,7 @@ def test_a_suspension_whose_window_ended_stays_counted_as_it_stays_listed(
 ) -> None:
     """A's window ends and nobody sends it a probe: the store still holds A open (listed `open`, retry_in 0: its next request is its probe), and the gauge still counts it; the probe's success takes it off both."""
     clock = FakeClock()
-    config = route(
-        ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1, "cooldown": 10}
-    )
+    config = a_then_b(a, b, cooldown=10)
     d = make(config, clock=clock)
     a.behaviour = unavailable
     assert d.get(a.url + "/v1/x").text == "b"
