@@ -203,3 +203,22 @@ def test_disable_while_a_request_is_in_flight_still_ends_its_spans(a: Upstream) 
             a.behaviour = lambda seen: Respond(body="a")
             assert client.get(a.url + "/v1/x").text == "a"
             assert len(capture.spans()) == 2
+
+
+def test_a_scope_the_store_forgets_leaves_the_otel_suspended_counter(
+    make: MakeDriver, a: Upstream, b: Upstream, otel: Captured
+) -> None:
+    """A store bounded to one scope forgets A (open) when B opens: `sidestep.suspended` goes back to 0 for A, as Prometheus's gauge does, and the request that made room carries `suspension.forgotten` as a span event."""
+    d = make(
+        route(("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1}),
+        clock=FakeClock(),
+        store=sidestep.MemoryStore(max_scopes=1),
+    )
+    a.behaviour = b.behaviour = unavailable
+    d.get(a.url + "/v1/x")  # A opens, then B fails once: it opens too, and A is forgotten
+    opened = {"scope": "origin", "reason": "unavailable"}
+    assert otel.value("sidestep.suspended", target="a", **opened) == 0
+    assert otel.value("sidestep.suspended", target="b", **opened) == 1
+    (request,) = [s for s in otel.spans() if s.name == "sidestep chat"]
+    forgotten = [e for e in request.events if e.name == "suspension.forgotten"]
+    assert [dict(e.attributes or {}).get("sidestep.target") for e in forgotten] == ["a"]
