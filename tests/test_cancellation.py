@@ -9,11 +9,14 @@ import anyio
 import httpx
 import pytest
 import structlog
+from prometheus_client import CollectorRegistry, generate_latest
 
 import sidestep
 from drivers import FakeClock, route
+from scrape import sample, samples
 from sidestep._config import SidestepConfigWarning
 from sidestep._store import MemoryStore
+from sidestep.metrics import prometheus
 from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 
 
@@ -229,3 +232,41 @@ async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstre
             with pytest.raises(httpx.PoolTimeout):
                 await client.get(a.url + "/fast")
     assert transport.suspensions() == []
+
+
+@pytest.mark.anyio
+async def test_cancelled_requests_are_counted_and_count_against_no_scope(
+    a: Upstream, b: Upstream
+) -> None:
+    """A request cancelled by its caller, and one cut by a timeout around the call, each end as `cancelled` in sidestep_requests_total and their attempt as `cancelled` in sidestep_attempts_total (no duration: no verdict); with failure_threshold 1 neither opens A, reaches B, nor moves the suspended gauge, and A's next request is served."""
+    a.behaviour = lambda _: Hang()
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SidestepConfigWarning)
+            cfg = config(a, b, breaker={"failure_threshold": 1})
+            transport = sidestep.AsyncFailoverTransport(cfg)
+        async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+            async with anyio.create_task_group() as tg:  # cancelled by the caller
+                tg.start_soon(client.get, a.url + "/v1/x")
+                await anyio.to_thread.run_sync(lambda: wait_for(lambda: a.calls == 1))
+                tg.cancel_scope.cancel()
+            with anyio.move_on_after(0.2) as scope:  # a timeout around the call
+                await client.get(a.url + "/v1/x")
+            assert scope.cancelled_caught and a.calls == 2
+            assert transport.suspensions() == []
+            a.behaviour = lambda _: Respond(body="a")
+            assert (await client.get(a.url + "/v1/x")).text == "a"
+        found = samples(generate_latest(registry).decode())
+    finally:
+        prometheus.disable()
+    requests = {"route": "chat"}
+    assert sample(found, "sidestep_requests_total", outcome="cancelled", **requests) == 2
+    assert sample(found, "sidestep_requests_total", outcome="served", **requests) == 1
+    attempts = {"route": "chat", "target": "a"}
+    assert sample(found, "sidestep_attempts_total", result="cancelled", **attempts) == 2
+    assert sample(found, "sidestep_attempt_duration_seconds_count", **attempts) == 1
+    assert not [k for k in found if k[0] == "sidestep_circuit_transitions_total"]
+    assert sum(v for k, v in found.items() if k[0] == "sidestep_suspended") == 0
+    assert b.calls == 0

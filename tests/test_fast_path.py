@@ -258,7 +258,8 @@ def test_same_events(run: Any) -> None:
         seen: list[tuple[str, dict[str, Any]]] = []
 
         def observer(event: str, fields: Any, seen: list[Any] = seen) -> None:
-            seen.append((event, dict(fields)))
+            # when a listing was asked for is the real clock's: compared, it would differ
+            seen.append((event, {k: v for k, v in fields.items() if k != "listed_at"}))
 
         events.add_observer(observer)
         try:

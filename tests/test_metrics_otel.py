@@ -132,7 +132,7 @@ def test_httpx_instrumentation_spans_nest_under_the_attempt(
 def test_a_cancelled_request_ends_its_spans_and_leaves_no_context(
     a: Upstream, otel: Captured
 ) -> None:
-    """Cancelled while waiting for an answer: the attempt and request spans end (cancelled), and the task's current span is no longer sidestep's."""
+    """Cancelled while waiting for an answer: the attempt and request spans end (cancelled) with no error status nor error.type (the caller gave up; neither upstream nor sidestep failed), the task's current span is no longer sidestep's, and the request and its attempt are counted as cancelled."""
     a.behaviour = lambda seen: Hang()
     after: list[trace.Span] = []
 
@@ -160,7 +160,12 @@ def test_a_cancelled_request_ends_its_spans_and_leaves_no_context(
     assert set(spans) == {"sidestep chat", "sidestep chat a"}
     assert spans["sidestep chat a"].attributes["sidestep.result"] == "cancelled"
     assert spans["sidestep chat"].attributes["sidestep.outcome"] == "cancelled"
+    for span in spans.values():
+        assert span.status.status_code is StatusCode.UNSET
+        assert "error.type" not in (span.attributes or {})
     assert after == [trace.INVALID_SPAN]
+    assert otel.value("sidestep.requests", route="chat", outcome="cancelled") == 1
+    assert otel.value("sidestep.attempts", route="chat", target="a", result="cancelled") == 1
 
 
 def test_unrouted_requests_have_no_span_but_count(
@@ -198,3 +203,22 @@ def test_disable_while_a_request_is_in_flight_still_ends_its_spans(a: Upstream) 
             a.behaviour = lambda seen: Respond(body="a")
             assert client.get(a.url + "/v1/x").text == "a"
             assert len(capture.spans()) == 2
+
+
+def test_a_scope_the_store_forgets_leaves_the_otel_suspended_counter(
+    make: MakeDriver, a: Upstream, b: Upstream, otel: Captured
+) -> None:
+    """A store bounded to one scope forgets A (open) when B opens: `sidestep.suspended` goes back to 0 for A, as Prometheus's gauge does, and the request that made room carries `suspension.forgotten` as a span event."""
+    d = make(
+        route(("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1}),
+        clock=FakeClock(),
+        store=sidestep.MemoryStore(max_scopes=1),
+    )
+    a.behaviour = b.behaviour = unavailable
+    d.get(a.url + "/v1/x")  # A opens, then B fails once: it opens too, and A is forgotten
+    opened = {"scope": "origin", "reason": "unavailable"}
+    assert otel.value("sidestep.suspended", target="a", **opened) == 0
+    assert otel.value("sidestep.suspended", target="b", **opened) == 1
+    (request,) = [s for s in otel.spans() if s.name == "sidestep chat"]
+    forgotten = [e for e in request.events if e.name == "suspension.forgotten"]
+    assert [dict(e.attributes or {}).get("sidestep.target") for e in forgotten] == ["a"]

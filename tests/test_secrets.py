@@ -44,7 +44,7 @@ SECRET = st.text(alphabet=string.ascii_letters + string.digits, min_size=12, max
 def test_no_secret_reaches_events_errors_or_the_503(
     userinfo: str, path: str, query: str, header: str, status: int, connect_error: bool
 ) -> None:
-    """Secrets in userinfo, path, query and credential headers never appear in what sidestep writes: events, errors, the 503, metric labels and spans."""
+    """Secrets in userinfo, path, query and credential headers never appear in what sidestep writes: events (a suspended scope the store forgets, a listing of the store included), errors, the 503, metric labels and spans."""
 
     def upstream(request: httpx.Request) -> httpx.Response:
         if connect_error:
@@ -71,7 +71,12 @@ def test_no_secret_reaches_events_errors_or_the_503(
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SidestepConfigWarning)
-        transport = sidestep.FailoverTransport(config, transport=httpx.MockTransport(upstream))
+        # room for two scopes: the unrouted failure makes the store forget a suspended one
+        transport = sidestep.FailoverTransport(
+            config,
+            transport=httpx.MockTransport(upstream),
+            store=sidestep.MemoryStore(max_scopes=2),
+        )
     url = f"https://user:{userinfo}@primary.example/v1/{path}?key={query}&q=1"
     headers = {"authorization": f"Bearer {header}", "x-api-key": header}
     unrouted = f"https://user:{userinfo}@elsewhere.example/{path}?key={query}"
@@ -91,6 +96,7 @@ def test_no_secret_reaches_events_errors_or_the_503(
                     written += [str(exc), repr(exc), unavailable_body(exc).decode()]
                 except httpx.HTTPError as exc:
                     written.append(repr(exc.__class__))  # the upstream's own error, not ours
+            written += [repr(s) for s in transport.suspensions()]  # suspensions.listed too
             spans = otel.spans()
             metrics = otel.reader.get_metrics_data()
         metric_text = generate_latest(registry).decode()
@@ -103,6 +109,10 @@ def test_no_secret_reaches_events_errors_or_the_503(
     written.append(metrics.to_json())
     written += [repr(s) for s in transport.suspensions()]
     assert logs  # something was written, and it is what is checked
+    told = {event["event"] for event in logs}
+    assert "suspensions.listed" in told
+    if connect_error or status >= 500:  # the unrouted failure is kept: a suspended scope goes
+        assert "suspension.forgotten" in told
     assert any("all_candidates_suspended" in text for text in written)  # the 503 body too
     for secret in (userinfo, path, query, header):
         for text in written:

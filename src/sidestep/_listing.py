@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -20,7 +20,7 @@ from typing import Any
 from ._circuit import State
 from ._routes import Router
 from ._store import ScopeStatus, StateStore
-from .logging import emit
+from .logging import emit, listening
 
 __all__ = ["Listing", "StoreUnavailable", "Suspension", "as_json", "matches", "suspensions"]
 
@@ -50,9 +50,21 @@ class Suspension:
 
 
 def suspensions(
-    snapshot: Iterable[ScopeStatus], router: Router, store: StateStore
+    snapshot: list[ScopeStatus], router: Router, store: StateStore, listed_at: float
 ) -> list[Suspension]:
-    """The rows of a store's snapshot, each named by the routes and targets it belongs to."""
+    """The rows of a store's snapshot, each named by the routes and targets it belongs to.
+
+    `listed_at` is when the snapshot was asked for (`time.monotonic()`): the
+    ``suspensions.listed`` event says which scopes the store held then, so the
+    suspended gauge lets go of those it no longer holds (expired, closed or
+    forgotten elsewhere). A shared store away (its local stand-in answered) says nothing.
+    """
+    if getattr(store, "available", True) and listening():
+        emit(
+            "suspensions.listed",
+            scope_ids=tuple(s.scope_id for s in snapshot),
+            listed_at=listed_at,
+        )
     rows = []
     for s in snapshot:
         targets = router.owners(s.scope, store.fingerprint)
@@ -138,14 +150,16 @@ class Listing:
         }
 
     def suspensions(self) -> list[Suspension]:
+        listed_at = time.monotonic()
         snapshot = self.store.snapshot(self.clock())
         self._answered()
-        return suspensions(snapshot, self.router, self.store)
+        return suspensions(snapshot, self.router, self.store, listed_at)
 
     async def asuspensions(self) -> list[Suspension]:
+        listed_at = time.monotonic()
         snapshot = await self.store.snapshot_async(self.clock())
         self._answered()
-        return suspensions(snapshot, self.router, self.store)
+        return suspensions(snapshot, self.router, self.store, listed_at)
 
     def clear(self, scope_id: str, who: str) -> Suspension | None:
         """Clear one scope; its row as it was, or None when no such scope is unhealthy.

@@ -215,9 +215,9 @@ class Calls:
         call = self._record_call(ticket, keys, now)
         if keys:
             call.args.extend(_verdict_args(verdict, policy, suspensions))
-        _, sick, changes, seq = yield call
+        _, sick, changes, seq, dropped = yield call
         self._note(origin, sick, int(seq))
-        return _transitions(keys, changes)
+        return (*_transitions(keys, changes), *_forgotten(dropped))
 
     def release(self, ticket: RedisTicket) -> Steps[None]:
         if ticket.done:
@@ -372,6 +372,22 @@ def _transitions(keys: Sequence[ScopeKey], changes: list[Any]) -> tuple[Transiti
             retry_in=_retry_in(float(retry_in)),
         )
         for index, state, previous, reason, failures, retry_in in changes
+    )
+
+
+def _forgotten(dropped: list[Any]) -> tuple[Transition, ...]:
+    """The suspended scopes the script forgot to stay within ``max_scopes``."""
+    return tuple(
+        Transition(
+            scope=_scope_key(ScopeKind(kind), origin, credential, model),
+            state=State.CLOSED,
+            previous=State(state),
+            reason=reason or None,
+            failures=int(failures),
+            retry_in=None,
+            forgotten=True,
+        )
+        for _, kind, origin, credential, model, state, reason, failures in dropped
     )
 
 

@@ -193,7 +193,9 @@ local function forget(sid, oh)
   announce(oh)
 end
 -- Past the cap, the scope closest to expiring goes: of the whole store when it
--- keeps the index, else of the origin.
+-- keeps the index, else of the origin. One that was open or half-open is told
+-- (DROPPED: its id, key parts, state, reason and failures), for the caller's events.
+local DROPPED = {}
 local function make_room(oh)
   local z = IDX or okey(oh)
   redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. int(real))
@@ -203,6 +205,11 @@ local function make_room(oh)
   if IDX then voh, sid = split(victim) end
   bump(voh)
   if redis.call('EXISTS', skey(voh, sid)) == 1 then
+    local v = redis.call('HMGET', skey(voh, sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f')
+    if v[1] and v[5] and v[5] ~= 'closed' then
+      DROPPED[#DROPPED + 1] = {sid, v[1], v[2], v[3] or '', v[4] or '', v[5], v[6] or '',
+                               v[7] or '0'}
+    end
     forget(sid, voh)
   else
     redis.call('ZREM', z, victim)
@@ -445,7 +452,7 @@ if op == 'record' then
   for _, p in ipairs(probes) do
     if not done[p[1]] then release(oh, p[1], p[2], token) end
   end
-  return {2, unhealthy(oh), changes, seq(oh)}
+  return {2, unhealthy(oh), changes, seq(oh), DROPPED}
 end
 
 -- operators ------------------------------------------------------------------------------------

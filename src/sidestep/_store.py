@@ -78,7 +78,13 @@ class Refusal:
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """A scope changed state: the material of one event."""
+    """A scope changed state: the material of one event.
+
+    `forgotten`: the store let go of a scope that was not closed (open or
+    half-open, `previous`) to stay within its bound; it is healthy again as
+    far as admission goes (`state` closed), but never passed a probe. Such a
+    scope may be any target's, not the request's that made room.
+    """
 
     scope: ScopeKey
     state: State
@@ -86,6 +92,7 @@ class Transition:
     reason: str | None
     failures: int
     retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
+    forgotten: bool = False
 
 
 class Admission(NamedTuple):
@@ -180,7 +187,8 @@ class MemoryStore:
 
     Args:
         max_scopes: the most scopes kept; past it the oldest closed (else the
-            oldest) scope is forgotten.
+            oldest) scope is forgotten. Forgetting one that is open or
+            half-open is among the transitions `record` returns (`forgotten`).
         fingerprint_key: the key for credential fingerprints (random if None).
     """
 
@@ -200,6 +208,8 @@ class MemoryStore:
         # without the lock, and before `_seq`.
         self._kept = self._state.entries
         self._seq = 0
+        # The suspended scopes the current operation forgot to make room (under the lock).
+        self._dropped: list[Transition] = []
 
     def __repr__(self) -> str:
         return f"MemoryStore(scopes={len(self._state.entries)}, max_scopes={self._max})"
@@ -319,13 +329,15 @@ class MemoryStore:
         else:
             keys = verdict_keys(ticket.facts, verdict)
         with self._lock:
+            dropped: list[Transition] = []
+            self._dropped = dropped
             transitions = [
                 t
                 for key in keys
                 if (t := self._apply(ticket, key, verdict, policy, suspensions, now)) is not None
             ]
             self._release(ticket, exclude=keys)
-        return tuple(transitions)
+        return (*transitions, *dropped) if dropped else tuple(transitions)
 
     def _apply(
         self,
@@ -424,8 +436,14 @@ class MemoryStore:
     def _evict(self) -> None:
         entries = self._state.entries
         victim = next((k for k, c in entries.items() if c.state is State.CLOSED), None)
+        if victim is None:  # every scope kept is suspended: the oldest goes, and is told
+            victim = next(iter(entries))
+            c = entries[victim]
+            self._dropped.append(
+                Transition(victim, State.CLOSED, c.state, c.reason, c.failures, None, True)
+            )
         self._seq += 1
-        self._forget(victim if victim is not None else next(iter(entries)))
+        self._forget(victim)
 
     def _prune_origins(self) -> None:
         origins = self._state.origins

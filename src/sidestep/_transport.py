@@ -81,11 +81,11 @@ class _Shell:
 
     def suspensions(self) -> list[Suspension]:
         """A snapshot of the scopes that are not healthy (origins only, never credentials)."""
-        now = self._core.clock()
-        return self._suspensions(self._core.store.snapshot(now))
+        listed_at, now = time.monotonic(), self._core.clock()
+        return self._suspensions(self._core.store.snapshot(now), listed_at)
 
-    def _suspensions(self, snapshot: list[ScopeStatus]) -> list[Suspension]:
-        return suspensions(snapshot, self._core.router, self._core.store)
+    def _suspensions(self, snapshot: list[ScopeStatus], listed_at: float) -> list[Suspension]:
+        return suspensions(snapshot, self._core.router, self._core.store, listed_at)
 
     def clear(self, scope_id: str) -> bool:
         """Close one scope by hand; whether it was unhealthy and is cleared now.
@@ -235,8 +235,8 @@ class _AsyncShell(_Shell):
 
     async def asuspensions(self) -> list[Suspension]:
         """`suspensions()` without blocking the event loop on a shared store."""
-        now = self._core.clock()
-        return self._suspensions(await self._core.store.snapshot_async(now))
+        listed_at, now = time.monotonic(), self._core.clock()
+        return self._suspensions(await self._core.store.snapshot_async(now), listed_at)
 
     async def aclear(self, scope_id: str) -> bool:
         """`clear()` without blocking the event loop on a shared store."""

@@ -204,6 +204,9 @@ class Verdicts(CoreState):
         self, transitions: tuple[Transition, ...], target: CompiledTarget, run: Run
     ) -> None:
         for t in transitions:
+            if t.forgotten:
+                self._forgotten(t)
+                continue
             emit(
                 _TRANSITION_EVENTS[t.state],
                 route=run.route_name,
@@ -216,6 +219,22 @@ class Verdicts(CoreState):
                 failures=t.failures,
                 retry_in_s=t.retry_in,
             )
+
+    def _forgotten(self, t: Transition) -> None:
+        """The store let go of a suspended scope to stay within `max_scopes` (any target's)."""
+        owners = self.router.owners(t.scope, self.store.fingerprint)
+        route, target = owners[0] if owners else (None, t.scope.origin)
+        emit(
+            "suspension.forgotten",
+            scope_id=t.scope.scope_id,
+            route=route,
+            target=target,
+            scope=t.scope.kind.value,
+            state=t.previous.value,
+            reason=t.reason,
+            failures=t.failures,
+            cause="max_scopes",
+        )
 
 
 def _skipped(run: Run, target: CompiledTarget, refusal: Refusal, **fields: Any) -> None:

@@ -23,7 +23,7 @@ from ._run import CoreState, Outcome, Run
 from ._store import Ticket
 from .logging import emit
 
-__all__ = ["ATTEMPT_RESULTS", "REQUEST_OUTCOMES", "Watching"]
+__all__ = ["ATTEMPT_RESULTS", "CANCELLED", "REQUEST_OUTCOMES", "Watching"]
 
 #: What `attempt.finished` says of an attempt (`result`); "cancelled" when it never ended.
 ATTEMPT_RESULTS = (
@@ -39,6 +39,8 @@ ATTEMPT_RESULTS = (
 )
 #: How `request.finished` says a request ended (`outcome`); "cancelled" when it never did.
 REQUEST_OUTCOMES = ("served", "served_after_failover", "upstream_error", "all_suspended", "error")
+#: Both events' word for an attempt or a request its caller gave up on (a cancellation,
+#: a timeout around the call, a generator closed): counted, never against a scope.
 CANCELLED = "cancelled"
 
 _REASONS = frozenset(

@@ -267,6 +267,7 @@ _LEVELS = {
     "all_candidates_suspended": logging.WARNING,
     "store.unavailable": logging.WARNING,
     "store.recovered": logging.INFO,
+    "suspension.forgotten": logging.INFO,
 }
 _STRUCTLOG_METHODS = {
     logging.DEBUG: "debug",

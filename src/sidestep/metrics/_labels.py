@@ -12,6 +12,7 @@ path, a query, userinfo, a credential or a fingerprint.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,7 +20,7 @@ from typing import Any, Literal
 from .. import _classify as c11n
 from .._circuit import State
 from .._scopes import ScopeKind
-from .._watch import ATTEMPT_RESULTS, REQUEST_OUTCOMES
+from .._watch import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
 
 __all__ = ["INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
 
@@ -106,8 +107,11 @@ INSTRUMENTS = (REQUESTS, ATTEMPTS, DURATION, FAILOVERS, SKIPPED, TRANSITIONS, PR
 Measure = tuple[Instrument, tuple[str, ...], float]
 
 _TRANSITION_EVENTS = frozenset({"circuit.opened", "circuit.half_open", "circuit.closed"})
-_RESULTS = frozenset(ATTEMPT_RESULTS)
-_OUTCOMES = frozenset(REQUEST_OUTCOMES)
+# A suspended scope the store no longer holds, with no transition: cleared by hand,
+# or forgotten by the store to stay within its bound.
+_LET_GO_EVENTS = frozenset({"suspension.cleared", "suspension.forgotten"})
+_RESULTS = frozenset((*ATTEMPT_RESULTS, CANCELLED))
+_OUTCOMES = frozenset((*REQUEST_OUTCOMES, CANCELLED))
 _REASONS = frozenset(
     {*c11n.SUSPENSION_REASONS, c11n.UNAVAILABLE, c11n.CONTEXT_OVERFLOW, c11n.CLIENT_ERROR}
 )
@@ -128,26 +132,31 @@ class Measures:
 
     Keeps two bounded memories: the unrouted origins labelled so far (at most
     `max_origins`), and, by scope id, the gauge labels each scope it saw leave
-    ``closed`` was counted under, so that closing or clearing it takes the gauge
-    down under those same labels (two models of one target are two scopes; one
-    scope reached through two targets' names is one).
+    ``closed`` was counted under, so that closing, clearing or forgetting it
+    takes the gauge down under those same labels (two models of one target are
+    two scopes; one scope reached through two targets' names is one), with
+    when its last transition was seen: a listing of the store
+    (``suspensions.listed``) takes off the scopes it no longer holds, those
+    seen before it was asked for — not one that opened again meanwhile.
     """
 
     def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
         self._max_origins = max_origins
         self._origins: set[str] = set()
         self._suspended: dict[object, tuple[str, str, str]] = {}  # gauge labels, by scope_id
+        self._seen: dict[object, float] = {}  # when each one's last transition came
         self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
         if event == "attempt.finished":
             result = fields.get("result")
             if result not in _RESULTS:
-                return []  # cancelled: it never got a verdict
+                return []
             route, target = self._route_target(fields)
             duration = fields.get("duration_s")
             measures: list[Measure] = [(ATTEMPTS, (route, target, result), 1)]
-            if isinstance(duration, (int, float)):
+            # a cancelled attempt never got its verdict: no send-to-verdict time
+            if isinstance(duration, (int, float)) and result != CANCELLED:
                 measures.append((DURATION, (route, target), float(duration)))
             return measures
         if event == "request.finished":
@@ -166,8 +175,10 @@ class Measures:
             return [(SKIPPED, (route, target, _one_of(fields.get("reason"), _REASONS)), 1)]
         if event in _TRANSITION_EVENTS:
             return self._transition(fields)
-        if event == "suspension.cleared":
+        if event in _LET_GO_EVENTS:
             return self._cleared(fields)
+        if event == "suspensions.listed":
+            return self._listed(fields)
         if event == "probe.admitted":
             _, target = self._route_target(fields)
             return [(PROBES, (target, _one_of(fields.get("scope"), _SCOPES)), 1)]
@@ -196,10 +207,30 @@ class Measures:
         return OTHER
 
     def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
-        """A scope cleared by hand: it leaves the gauge as its closing would have."""
+        """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have."""
+        key = fields.get("scope_id")
         with self._lock:
-            labels = self._suspended.pop(fields.get("scope_id"), None)
+            labels = self._suspended.pop(key, None)
+            self._seen.pop(key, None)
         return [] if labels is None else [(SUSPENDED, labels, -1)]
+
+    def _listed(self, fields: Mapping[str, Any]) -> list[Measure]:
+        """The store's listing: counted scopes it does not hold leave the gauge."""
+        held, listed_at = fields.get("scope_ids"), fields.get("listed_at")
+        if not isinstance(held, (tuple, list)) or not isinstance(listed_at, (int, float)):
+            return []
+        held = frozenset(held)
+        measures: list[Measure] = []
+        with self._lock:
+            gone = [
+                key
+                for key in self._suspended
+                if key not in held and self._seen.get(key, 0.0) < listed_at
+            ]
+            for key in gone:
+                measures.append((SUSPENDED, self._suspended.pop(key), -1))
+                self._seen.pop(key, None)
+        return measures
 
     def _transition(self, fields: Mapping[str, Any]) -> list[Measure]:
         _, target = self._route_target(fields)
@@ -214,13 +245,17 @@ class Measures:
             if after == _CLOSED:
                 if known is not None:  # only what this process counted comes off
                     del self._suspended[key]
+                    self._seen.pop(key, None)
                     reason = known[2]  # a closing is labelled with what it ends
                     measures.append((SUSPENDED, known, -1))
-            elif (known is None and before == _CLOSED) or (known and known[2] != reason):
-                if known is not None:  # suspended again, for another reason
-                    measures.append((SUSPENDED, known, -1))
-                labels = (known[0], known[1], reason) if known else (target, scope, reason)
-                measures.append((SUSPENDED, labels, 1))
-                self._suspended[key] = labels
+            else:
+                if (known is None and before == _CLOSED) or (known and known[2] != reason):
+                    if known is not None:  # suspended again, for another reason
+                        measures.append((SUSPENDED, known, -1))
+                    labels = (known[0], known[1], reason) if known else (target, scope, reason)
+                    measures.append((SUSPENDED, labels, 1))
+                    self._suspended[key] = labels
+                if key in self._suspended:
+                    self._seen[key] = time.monotonic()
         measures.append((TRANSITIONS, (target, scope, before, after, reason), 1))
         return measures

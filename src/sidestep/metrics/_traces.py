@@ -38,6 +38,7 @@ _EVENTS = frozenset(
         "circuit.half_open",
         "circuit.closed",
         "all_candidates_suspended",
+        "suspension.forgotten",
     }
 )
 

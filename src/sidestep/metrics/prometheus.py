@@ -8,7 +8,8 @@ by an event as it happens — the `sidestep_suspended` gauge too, on each
 transition, with no callback collector — so ``prometheus_client``'s
 multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, gunicorn workers) adds up
 every worker's series; the gauge is a ``livesum`` there: the scopes each
-live worker has seen suspended.
+live worker has seen suspended and not yet seen let go (closed, cleared,
+forgotten by the store, or missing from a listing of it).
 """
 
 from __future__ import annotations
