@@ -258,6 +258,11 @@ TABLE = [
     pytest.param(
         exchange(error=ErrorKind.OTHER), expect(Kind.NEUTRAL, None, None, False), id="other"
     ),
+    pytest.param(
+        exchange(error=ErrorKind.CLOSED, method="GET"),
+        expect(Kind.NEUTRAL, None, None, False),
+        id="closed-locally",
+    ),
     pytest.param(exchange(429), RATE_LIMIT, id="429-bare"),
     pytest.param(exchange(429, body=OPENAI_RATE_LIMIT), RATE_LIMIT, id="429-openai-rate"),
     pytest.param(exchange(429, body=ANTHROPIC_RATE_LIMIT), RATE_LIMIT, id="429-anthropic-rate"),

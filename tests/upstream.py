@@ -3,7 +3,8 @@
 Each `Upstream` runs a small asyncio server in a thread of its own. A test
 sets `upstream.behaviour` to a function from the received `Seen` request to
 an action — answer, stream chunk by chunk, cut a stream, send headers and
-stall, or never answer — and reads back what arrived (`upstream.seen`).
+stall, never answer, reset the connection or hang up — and reads back what
+arrived (`upstream.seen`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,7 +68,17 @@ class HeadersThenHang:
     status: int = 200
 
 
-Action = Respond | Stream | Hang | HeadersThenHang
+@dataclass
+class Reset:
+    """Read the request, then reset the connection (an RST): no answer, not a byte of one."""
+
+
+@dataclass
+class Hangup:
+    """Read the request, then close the connection in order (a FIN): no answer."""
+
+
+Action = Respond | Stream | Hang | HeadersThenHang | Reset | Hangup
 Behaviour = Callable[[Seen], Action]
 
 
@@ -187,6 +199,14 @@ class Upstream:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
             return True
+        if isinstance(action, Reset):
+            # linger 0: the close sends an RST, not a FIN, as a crashing upstream's kernel does
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return False
+        if isinstance(action, Hangup):
+            return False  # the caller closes the writer: a FIN
         if isinstance(action, HeadersThenHang):
             writer.write(_head(action.status, {"transfer-encoding": "chunked"}))
             await writer.drain()

@@ -91,6 +91,9 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
+        # Set by the shell when its transport is closed: a request still in flight
+        # sends nothing more through it (no retry in place, no failover).
+        self.closed = False
         # Unrouted origins: the endpoints that failed since the origin last answered well.
         self._failing: dict[str, set[str]] = {}
         # Routes whose all-suspended episode was logged at WARNING already.
@@ -270,6 +273,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                         break
                     if run.body is None and run.tried:
                         break  # a one-shot body was sent once already; it cannot be replayed
+                    if self.closed and run.attempts:
+                        break  # closed meanwhile: it ends with its last failure, as it came
                     self._candidate(run, index, target)
                     facts = self._scope_facts(run, target)
                     now = self.clock()
@@ -354,14 +359,18 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         outcome: Outcome | None = None
         for n in range(policy.max_attempts_per_target):
             if outcome is not None:
-                if run.body is None:
-                    break  # a one-shot body cannot be sent again
+                if run.body is None or self.closed:
+                    break  # a one-shot body cannot be sent again; a closed transport sends none
                 wait = self._retry_wait(outcome.verdict, policy, n, run)
                 if wait is None:
                     break
                 yield from self._discard(outcome.result)
                 if wait > 0:
                     yield Sleep(wait)
+                if self.closed:
+                    # closed while it waited, its failure let go already: it ends as a
+                    # request in flight on a closed client does (the failure still counts)
+                    return Outcome(outcome.verdict, self._closed_error(request))
             run.attempts += 1
             attempt = self._watched_attempt if run.watched else self._attempt
             outcome = yield from attempt(run, target, request, ticket)
@@ -543,6 +552,14 @@ class Core(Candidacy, Verdicts, Endings, Watching):
     def _discard(self, result: Any) -> Generator[Any, Any, None]:
         if not isinstance(result, BaseException):
             yield Close(result)
+
+    def _closed_error(self, request: Any) -> BaseException:
+        """What a request that the closing of its transport kept from a retry ends with."""
+        error: BaseException = self.flavour.read_error(
+            "sidestep: the transport was closed while the request waited to be sent again",
+            request=request,
+        )
+        return error
 
     def _expired(self, run: Run) -> bool:
         return run.deadline is not None and self.clock() >= run.deadline

@@ -39,6 +39,10 @@ class Verdicts(CoreState):
 
     def _classify_error(self, request: Any, exc: BaseException, run: Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
+        if kind is ErrorKind.CLOSED:
+            # A fact, not a classifier's opinion: our own side closed the connection
+            # under the attempt (the application closed its client, transport or pool).
+            return c11n.CLOSED_LOCALLY
         if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
             kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
         verdict = self._classify(
