@@ -273,8 +273,6 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                         break
                     if run.body is None and run.tried:
                         break  # a one-shot body was sent once already; it cannot be replayed
-                    if self.closed and run.attempts:
-                        break  # closed meanwhile: it ends with its last failure, as it came
                     self._candidate(run, index, target)
                     facts = self._scope_facts(run, target)
                     now = self.clock()
@@ -336,6 +334,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                 if not outcome.verdict.failover:
                     return self._final(outcome.result, run, target, index)
                 run.last, run.last_target = outcome.result, target
+                if self.closed:
+                    break  # closed meanwhile: no other candidate; its last failure ends it
             if run.last is not None and run.last_target is not None:
                 index = run.cands.targets.index(run.last_target)
                 last, run.last = run.last, None  # handed over: no longer ours to close
