@@ -6,7 +6,8 @@ that client, the request in flight fails with the flavour's `ReadError`
 whatever it was doing: waiting for the head, for the first body byte, for
 the rest of a body, or sending its own body. httpcore's read of a socket
 closed under it raises anyio's or trio's `ClosedResourceError`, or `EBADF`
-in a sync client, whose close is only seen once the read's timeout runs out.
+in a sync client, whose close is only seen once the read's timeout runs out
+(over TLS, a sync read ends as a plain end of stream: `RemoteProtocolError`).
 
 That is the application's own doing, not the upstream's. Under sidestep the
 error reaches the caller as it would plain, records nothing against any
@@ -32,6 +33,7 @@ import httpx
 import httpx2
 import pytest
 import trio
+import trustme
 
 import sidestep
 import sidestep.httpx2
@@ -289,8 +291,9 @@ def flavour_of(name: str) -> Any:
     return httpx2 if name == "httpx2" else httpx
 
 
-def headers_signal(h: Any, sync: bool, arrived: threading.Event) -> Any:
-    """An HTTP transport of `h` that sets `arrived` once a response's head is in."""
+def headers_signal(h: Any, sync: bool, arrived: threading.Event, **kw: Any) -> Any:
+    """An HTTP transport of `h` (built with `kw`) that sets `arrived` once a response's
+    head is in."""
     if sync:
 
         class Signalling(h.HTTPTransport):  # type: ignore[misc,name-defined]
@@ -299,7 +302,7 @@ def headers_signal(h: Any, sync: bool, arrived: threading.Event) -> Any:
                 arrived.set()
                 return response
 
-        return Signalling()
+        return Signalling(**kw)
 
     class AsyncSignalling(h.AsyncHTTPTransport):  # type: ignore[misc,name-defined]
         async def handle_async_request(self, request: Any) -> Any:
@@ -307,7 +310,7 @@ def headers_signal(h: Any, sync: bool, arrived: threading.Event) -> Any:
             arrived.set()
             return response
 
-    return AsyncSignalling()
+    return AsyncSignalling(**kw)
 
 
 def failover_transport(h: Any, sync: bool, config: Any, inner: Any) -> Any:
@@ -369,6 +372,38 @@ async def closed_in(
     return await closing(sync, c.get(url), c.close, ready)
 
 
+def plain_then_sidestep(
+    flavour: str, kind: str, phase: str, a: Upstream, b: Upstream, **inner: Any
+) -> tuple[dict[str, Any], Any]:
+    """A GET in `phase` closed under it: through a plain client, then through a failover
+    transport over `retrying` (its inner transport built with `inner`). What each gave or
+    raised, the events under sidestep, and that transport."""
+    h, sync = flavour_of(flavour), kind == "sync"
+    gate = threading.Event()
+    a.behaviour = scripted(phase, gate)
+    url = a.url + "/v1/x"
+    config = retrying(a, b, route={"commit": "complete"} if phase == "buffered" else {})
+    seen: dict[str, Any] = {}
+
+    async def both() -> None:
+        headers_in = threading.Event()
+        plain = client_over(h, sync, headers_signal(h, sync, headers_in, **inner))
+        seen["plain"] = await closed_in(phase, sync, plain, url, a, headers_in)
+        headers_in = threading.Event()
+        inner_transport = headers_signal(h, sync, headers_in, **inner)
+        seen["transport"] = failover_transport(h, sync, config, inner_transport)
+        c = client_over(h, sync, seen["transport"])
+        with Recorder() as events:
+            seen["sidestep"] = await closed_in(phase, sync, c, url, a, headers_in)
+        seen["events"] = events.names()
+
+    try:
+        execute(kind, both)
+    finally:
+        gate.set()
+    return seen, seen.pop("transport")
+
+
 @pytest.mark.parametrize("phase", PHASES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -379,35 +414,47 @@ def test_closing_mid_request_neither_fails_over_nor_counts(
     byte, reading the body, or while a `commit: complete` route buffers it — raises what it
     raises plain; A is sent it once (no retry), B never (no failover), no scope is kept and no
     failure is emitted, with one strike enough to open a scope."""
-    h, sync = flavour_of(flavour), kind == "sync"
-    gate = threading.Event()
-    a.behaviour = scripted(phase, gate)
-    url = a.url + "/v1/x"
-    config = retrying(a, b, route={"commit": "complete"} if phase == "buffered" else {})
-    seen: dict[str, tuple[str, Any]] = {}
-    transport: Any = None
-
-    async def both() -> None:
-        nonlocal transport
-        headers_in = threading.Event()
-        plain = client_over(h, sync, headers_signal(h, sync, headers_in))
-        seen["plain"] = await closed_in(phase, sync, plain, url, a, headers_in)
-        headers_in = threading.Event()
-        transport = failover_transport(h, sync, config, headers_signal(h, sync, headers_in))
-        c = client_over(h, sync, transport)
-        with Recorder() as events:
-            seen["sidestep"] = await closed_in(phase, sync, c, url, a, headers_in)
-        seen["events"] = ("names", events.names())
-
-    try:
-        execute(kind, both)
-    finally:
-        gate.set()
+    seen, transport = plain_then_sidestep(flavour, kind, phase, a, b)
     assert seen["plain"] == ("raised", "ReadError")
     assert seen["sidestep"] == seen["plain"]
     assert (a.calls, b.calls) == (2, 0)  # once plain, once under sidestep
     assert transport.suspensions() == []
-    assert seen["events"][1] & FAILURE_EVENTS == set()
+    assert seen["events"] & FAILURE_EVENTS == set()
+
+
+@pytest.fixture(scope="module")
+def authority() -> trustme.CA:
+    """A certificate authority of the tests' own, for TLS upstreams on 127.0.0.1."""
+    return trustme.CA()
+
+
+@pytest.fixture
+def a_over_tls(authority: trustme.CA) -> Iterator[Upstream]:
+    """Upstream "a", over TLS, with a certificate for 127.0.0.1 from `authority`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(context)
+    server = Upstream(name="a", tls=context)
+    yield server
+    server.close()
+
+
+@pytest.mark.parametrize("phase", ["head", "body"])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_closing_mid_request_over_tls_neither_fails_over_nor_counts(
+    flavour: str, kind: str, phase: str, a_over_tls: Upstream, b: Upstream, authority: trustme.CA
+) -> None:
+    """Over TLS the same holds. A sync client's TLS socket closed under a read ends as an
+    upstream's end of stream would (a RemoteProtocolError with nothing of the close in its
+    chain), so there the transport's own close is what tells the core."""
+    trusting = ssl.create_default_context()
+    authority.configure_trust(trusting)
+    seen, transport = plain_then_sidestep(flavour, kind, phase, a_over_tls, b, verify=trusting)
+    assert seen["plain"][0] == "raised"
+    assert seen["sidestep"] == seen["plain"]
+    assert (a_over_tls.calls, b.calls) == (2, 0)
+    assert transport.suspensions() == []
+    assert seen["events"] & FAILURE_EVENTS == set()
 
 
 @pytest.mark.parametrize("kind", ["asyncio", "trio"])
@@ -465,6 +512,31 @@ def test_a_client_closed_before_a_retry_gets_the_failure_as_it_came(
         remove_observer(on_event)
     assert (response.status_code, response.text) == (503, "busy")
     assert (a.calls, b.calls) == (1, 0)
+    (scope,) = transport.suspensions()
+    assert (scope.target, scope.state) == ("a", "open")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_transport_shared_by_clients_serves_on_after_one_of_them_closed_it(
+    flavour: str, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """One failover transport under two clients in turn: the first client's close holds back
+    only what was in flight then. The second client's request, sent afterwards, is retried,
+    fails over and counts as before."""
+    h, sync = flavour_of(flavour), kind == "sync"
+    transport = busy_for_a_moment(h, sync, a, b)
+    seen: list[Any] = []
+
+    async def go() -> None:
+        async with client_over(h, sync, transport) as first:
+            seen.append((await first.get(b.url + "/v1/x")).text)  # b's own answer
+        async with client_over(h, sync, transport) as second:
+            r = await second.get(a.url + "/v1/x")
+            seen.append((r.status_code, r.text, r.extensions["sidestep"]["attempts"]))
+
+    execute(kind, go)
+    assert seen == ["b", (200, "b", 3)]  # A twice (503, then 503 after its wait), then B
     (scope,) = transport.suspensions()
     assert (scope.target, scope.state) == ("a", "open")
 

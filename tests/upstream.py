@@ -1,10 +1,10 @@
 """A scriptable HTTP/1.1 upstream on 127.0.0.1 for socket-level tests.
 
-Each `Upstream` runs a small asyncio server in a thread of its own. A test
-sets `upstream.behaviour` to a function from the received `Seen` request to
-an action — answer, stream chunk by chunk, cut a stream, send headers and
-stall, never answer, reset the connection or hang up — and reads back what
-arrived (`upstream.seen`).
+Each `Upstream` runs a small asyncio server in a thread of its own (over TLS
+when given a server context). A test sets `upstream.behaviour` to a function
+from the received `Seen` request to an action — answer, stream chunk by
+chunk, cut a stream, send headers and stall, never answer, reset the
+connection or hang up — and reads back what arrived (`upstream.seen`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -91,8 +92,15 @@ def free_port() -> int:
 class Upstream:
     """One upstream server; `url` is its base URL."""
 
-    def __init__(self, behaviour: Behaviour | None = None, name: str = "upstream") -> None:
+    def __init__(
+        self,
+        behaviour: Behaviour | None = None,
+        name: str = "upstream",
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.name = name
+        self._tls = tls  # a server context: HTTPS on the same port
         self.behaviour: Behaviour = behaviour or (lambda seen: Respond(body=name))
         self.seen: list[Seen] = []
         self.connections = 0
@@ -107,7 +115,7 @@ class Upstream:
         self._ready.wait(5)
         assert self._server is not None
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def calls(self) -> int:
@@ -129,7 +137,7 @@ class Upstream:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0, ssl=self._tls)
         self._ready.set()
         await self._stop.wait()
         self._server.close()
