@@ -19,7 +19,6 @@ another thread), asyncio and trio (the close in another task).
 
 from __future__ import annotations
 
-import errno
 import ssl
 import threading
 import time
@@ -28,11 +27,9 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import anyio
-import httpcore
 import httpx
 import httpx2
 import pytest
-import trio
 import trustme
 
 import sidestep
@@ -53,7 +50,6 @@ from differential import (
 from drivers import route
 from sidestep._classify import ErrorKind, Exchange, Kind, Verdict, classify
 from sidestep._config import SidestepConfigWarning
-from sidestep._flavour import Flavour
 from sidestep._scopes import ScopeKind
 from sidestep.logging import add_observer, remove_observer
 from upstream import Hangup, HeadersThenHang, Reset, Respond, Stream, Upstream, wait_for
@@ -446,12 +442,18 @@ def test_closing_mid_request_over_tls_neither_fails_over_nor_counts(
 ) -> None:
     """Over TLS the same holds. A sync client's TLS socket closed under a read ends as an
     upstream's end of stream would (a RemoteProtocolError with nothing of the close in its
-    chain), so there the transport's own close is what tells the core."""
+    chain), so there the transport's own close is what tells the core. Which of the two a
+    sync client gets, plain as well, depends on whether the close came before its read
+    began: either is passed on as it came."""
     trusting = ssl.create_default_context()
     authority.configure_trust(trusting)
     seen, transport = plain_then_sidestep(flavour, kind, phase, a_over_tls, b, verify=trusting)
-    assert seen["plain"][0] == "raised"
-    assert seen["sidestep"] == seen["plain"]
+    if kind == "sync":
+        either = {("raised", "ReadError"), ("raised", "RemoteProtocolError")}
+        assert {seen["plain"], seen["sidestep"]} <= either
+    else:
+        assert seen["plain"] == ("raised", "ReadError")
+        assert seen["sidestep"] == seen["plain"]
     assert (a_over_tls.calls, b.calls) == (2, 0)
     assert transport.suspensions() == []
     assert seen["events"] & FAILURE_EVENTS == set()
@@ -619,95 +621,7 @@ def test_an_unrouted_real_failure_raises_as_plain_and_counts(
     assert scopes == {("origin+endpoint", 1), ("origin", 1)}
 
 
-# --- the cause, as the core reads it ----------------------------------------------------------
-
-
-def raised_through_httpcore(h: Any, backend: BaseException, mapped: type[Any]) -> BaseException:
-    """`backend` as it reaches the core: mapped by httpcore's network stream (``from``),
-    re-raised by its pool ``from None``, then mapped by the flavour's transport."""
-    try:
-        try:
-            try:
-                raise backend
-            except Exception as exc:
-                raise httpcore.ReadError(str(exc)) from exc
-        except httpcore.ReadError as exc:
-            raise exc from None  # what httpcore's connection pool does
-    except httpcore.ReadError as exc:
-        try:
-            raise mapped(str(exc)) from exc
-        except mapped as error:
-            return error
-    raise AssertionError("unreachable")
-
-
-def _broken() -> BaseException:
-    try:
-        raise ConnectionResetError(errno.ECONNRESET, "reset by peer")
-    except ConnectionResetError as exc:
-        try:
-            raise anyio.BrokenResourceError from exc
-        except anyio.BrokenResourceError as broken:
-            return broken
-    raise AssertionError("unreachable")
-
-
-OURS = {
-    "anyio closed": lambda: anyio.ClosedResourceError(),
-    "trio closed": lambda: trio.ClosedResourceError("another task closed this fd"),
-    "bad descriptor": lambda: OSError(errno.EBADF, "Bad file descriptor"),
-    "not a socket": lambda: OSError(errno.ENOTSOCK, "Socket operation on non-socket"),
-}
-THEIRS = {
-    "anyio broken": _broken,
-    "trio broken": lambda: trio.BrokenResourceError("socket connection broken"),
-    "reset": lambda: ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
-    "pipe": lambda: BrokenPipeError(errno.EPIPE, "Broken pipe"),
-    "end of stream": lambda: anyio.EndOfStream(),
-    "tls error numbered as EBADF": lambda: ssl.SSLError(errno.EBADF, "a TLS failure"),
-}
-
-
-@pytest.mark.parametrize("mapped", ["ReadError", "WriteError"])
-@pytest.mark.parametrize("cause", sorted(OURS))
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_a_connection_closed_by_our_side_is_told_from_its_chain(
-    flavour: str, cause: str, mapped: str
-) -> None:
-    """A read or write error whose chain holds a closed resource or a closed descriptor is
-    `ErrorKind.CLOSED`, found through the pool's ``from None``."""
-    h = flavour_of(flavour)
-    exc = raised_through_httpcore(h, OURS[cause](), getattr(h, mapped))
-    assert Flavour(h).error_kind(exc) is ErrorKind.CLOSED
-
-
-@pytest.mark.parametrize("cause", sorted(THEIRS))
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_a_connection_the_upstream_broke_stays_ambiguous(flavour: str, cause: str) -> None:
-    """A reset, a broken pipe, a broken resource or an end of stream is the upstream's doing:
-    still an ambiguous failure, never taken for a local close."""
-    h = flavour_of(flavour)
-    exc = raised_through_httpcore(h, THEIRS[cause](), h.ReadError)
-    assert Flavour(h).error_kind(exc) is ErrorKind.AMBIGUOUS
-
-
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_errors_with_no_closed_cause_keep_their_kind(flavour: str) -> None:
-    """Errors without a cause keep the kind their type gives; a closed resource past the
-    bounded walk of a chain is not looked for."""
-    h = flavour_of(flavour)
-    kinds = Flavour(h)
-    assert kinds.error_kind(h.RemoteProtocolError("Server disconnected")) is ErrorKind.AMBIGUOUS
-    assert kinds.error_kind(h.ReadTimeout("timed out")) is ErrorKind.AMBIGUOUS
-    assert kinds.error_kind(h.ConnectError("refused")) is ErrorKind.CONNECT
-    assert kinds.error_kind(h.PoolTimeout("full")) is ErrorKind.POOL
-    deep: BaseException = anyio.ClosedResourceError()
-    for _ in range(8):
-        outer = h.ReadError("wrapped")
-        outer.__cause__ = deep
-        deep = outer
-    assert kinds.error_kind(deep) is ErrorKind.AMBIGUOUS
-    assert kinds.error_kind(deep.__cause__ or deep) is ErrorKind.CLOSED
+# --- a replacement classifier --------------------------------------------------------------
 
 
 def test_a_replacement_classifier_is_not_asked_about_a_local_close(
