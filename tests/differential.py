@@ -45,6 +45,8 @@ SLOW_SECONDS = 0.3
 # what /slow?hold=long waits: longer than any stall of a loaded test process, so that a
 # caller's short read budget always runs out first (at 0.3 s, a trio run once saw the answer)
 HELD_SECONDS = 5.0
+# the most /held and /held-stream wait for `Origin.release` (a program releases them sooner)
+RELEASE_BOUND = 30.0
 USER, PASSWORD, REALM = "user", "right", "differential"
 
 # --- the origin server -----------------------------------------------------------------------
@@ -69,12 +71,22 @@ class Origin:
         self._lock = threading.Lock()
         self._hits: dict[str, int] = {}
         self._nonces = 0
+        # what /held and /held-stream wait for: set by a program, made anew by `reset`
+        self.release = threading.Event()
 
     def reset(self) -> None:
         with self._lock:
             self.received.clear()
             self._hits.clear()
             self._nonces = 0
+            # a fresh gate, the old one set: what a previous run still holds is let go
+            held, self.release = self.release, threading.Event()
+        held.set()
+
+    def arrived(self, path: str) -> int:
+        """How many requests for `path` (query left out) have arrived so far."""
+        with self._lock:
+            return sum(r.target.split("?")[0] == path for r in self.received)
 
     def __call__(self, environ: Any, start_response: Any) -> Any:
         request = Request(environ)
@@ -110,6 +122,12 @@ class Origin:
             # the scenario: an endpoint that answers late
             threading.Event().wait(HELD_SECONDS if request.args.get("hold") else SLOW_SECONDS)
             return Response("slow", content_type="text/plain")
+        if path == "/held":
+            # answers once the program sets `release`: until then its caller waits for the head
+            self.release.wait(RELEASE_BOUND)
+            return Response("held", content_type="text/plain")
+        if path == "/held-stream":
+            return Response(self._held_stream(), content_type="text/plain", direct_passthrough=True)
         if path == "/login-required":
             return Response("login required", status=401, content_type="text/plain")
         if path == "/basic":
@@ -185,6 +203,12 @@ class Origin:
                 return Response(status=304, headers={"ETag": '"v1"'})
             return Response("tagged", headers={"ETag": '"v1"'})
         return _json({"error": "no such path"}, status=404)
+
+    def _held_stream(self) -> Iterator[bytes]:
+        """A first chunk at once; the rest once the program sets `release`."""
+        yield b"first chunk"
+        self.release.wait(RELEASE_BOUND)
+        yield b", the rest"
 
     def _digest_valid(self, request: Request) -> bool:
         value = request.headers.get("authorization", "")
@@ -477,8 +501,17 @@ def program(*aside_paths: str, aside: bool = False) -> Callable[[ProgramFn], Pro
     return register
 
 
-def run(prog: Program, flavour: str, kind: str, w: World, *, installed: bool) -> Observer:
-    """Run `prog` once with fresh server state; under a fresh `install()` when `installed`."""
+def run(
+    prog: Program,
+    flavour: str,
+    kind: str,
+    w: World,
+    *,
+    installed: bool,
+    store: sidestep.StateStore | None = None,
+) -> Observer:
+    """Run `prog` once with fresh server state; under a fresh `install()` when `installed`
+    (over `store`, which the caller may then inspect; a new `MemoryStore` by default)."""
     w.reset()
     w.h = importlib.import_module(flavour)
     w.kind = kind
@@ -489,7 +522,7 @@ def run(prog: Program, flavour: str, kind: str, w: World, *, installed: bool) ->
             monkeypatch.delenv(name, raising=False)
             monkeypatch.delenv(name.lower(), raising=False)
         if installed:
-            sidestep.install(store=sidestep.MemoryStore())
+            sidestep.install(store=store if store is not None else sidestep.MemoryStore())
         try:
             if kind == "sync":
                 drive(prog.fn(w.h, w, o))

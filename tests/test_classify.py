@@ -1,16 +1,22 @@
-"""Tests for the classifier: DESIGN §3.2 row by row, Retry-After and body signals."""
+"""Tests for the classifier: DESIGN §3.2 row by row, Retry-After and body signals, and the
+error kind the core reads from an exception and its chain (a close by our own side)."""
 
 from __future__ import annotations
 
 import calendar
+import errno
 import json
 import math
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import anyio
+import httpcore
 import httpx
 import httpx2
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +38,7 @@ from sidestep._classify import (
     needs_body,
     parse_retry_after,
 )
+from sidestep._flavour import Flavour
 from sidestep._scopes import ScopeKind
 
 YEAR = 365 * 24 * 3600.0
@@ -257,6 +264,11 @@ TABLE = [
     pytest.param(exchange(error=ErrorKind.POOL), expect(Kind.NEUTRAL, None, None, True), id="pool"),
     pytest.param(
         exchange(error=ErrorKind.OTHER), expect(Kind.NEUTRAL, None, None, False), id="other"
+    ),
+    pytest.param(
+        exchange(error=ErrorKind.CLOSED, method="GET"),
+        expect(Kind.NEUTRAL, None, None, False),
+        id="closed-locally",
     ),
     pytest.param(exchange(429), RATE_LIMIT, id="429-bare"),
     pytest.param(exchange(429, body=OPENAI_RATE_LIMIT), RATE_LIMIT, id="429-openai-rate"),
@@ -648,3 +660,91 @@ def test_parse_retry_after_is_total(headers: dict[str, str], wall_now: float) ->
     """Any header values give None or a finite delay between zero and one year."""
     got = parse_retry_after(headers, wall_now)
     assert got is None or (0.0 <= got <= YEAR and math.isfinite(got))
+
+
+# --- an error closed by our own side, told from its chain (ErrorKind.CLOSED) ----------------
+
+
+def raised_through_httpcore(h: Any, backend: BaseException, mapped: type[Any]) -> BaseException:
+    """`backend` as it reaches the core: mapped by httpcore's network stream (``from``),
+    re-raised by its pool ``from None``, then mapped by the flavour's transport."""
+    try:
+        try:
+            try:
+                raise backend
+            except Exception as exc:
+                raise httpcore.ReadError(str(exc)) from exc
+        except httpcore.ReadError as exc:
+            raise exc from None  # what httpcore's connection pool does
+    except httpcore.ReadError as exc:
+        try:
+            raise mapped(str(exc)) from exc
+        except mapped as error:
+            return error
+    raise AssertionError("unreachable")
+
+
+def _broken() -> BaseException:
+    try:
+        raise ConnectionResetError(errno.ECONNRESET, "reset by peer")
+    except ConnectionResetError as exc:
+        try:
+            raise anyio.BrokenResourceError from exc
+        except anyio.BrokenResourceError as broken:
+            return broken
+    raise AssertionError("unreachable")
+
+
+OURS = {
+    "anyio closed": lambda: anyio.ClosedResourceError(),
+    "trio closed": lambda: trio.ClosedResourceError("another task closed this fd"),
+    "bad descriptor": lambda: OSError(errno.EBADF, "Bad file descriptor"),
+    "not a socket": lambda: OSError(errno.ENOTSOCK, "Socket operation on non-socket"),
+}
+THEIRS = {
+    "anyio broken": _broken,
+    "trio broken": lambda: trio.BrokenResourceError("socket connection broken"),
+    "reset": lambda: ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"),
+    "pipe": lambda: BrokenPipeError(errno.EPIPE, "Broken pipe"),
+    "end of stream": lambda: anyio.EndOfStream(),
+    "tls error numbered as EBADF": lambda: ssl.SSLError(errno.EBADF, "a TLS failure"),
+}
+
+
+@pytest.mark.parametrize("mapped", ["ReadError", "WriteError"])
+@pytest.mark.parametrize("cause", sorted(OURS))
+@pytest.mark.parametrize("h", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_connection_closed_by_our_side_is_told_from_its_chain(
+    h: Any, cause: str, mapped: str
+) -> None:
+    """A read or write error whose chain holds a closed resource or a closed descriptor is
+    `ErrorKind.CLOSED`, found through the pool's ``from None``."""
+    exc = raised_through_httpcore(h, OURS[cause](), getattr(h, mapped))
+    assert Flavour(h).error_kind(exc) is ErrorKind.CLOSED
+
+
+@pytest.mark.parametrize("cause", sorted(THEIRS))
+@pytest.mark.parametrize("h", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_a_connection_the_upstream_broke_stays_ambiguous(h: Any, cause: str) -> None:
+    """A reset, a broken pipe, a broken resource or an end of stream is the upstream's doing:
+    still an ambiguous failure, never taken for a local close."""
+    exc = raised_through_httpcore(h, THEIRS[cause](), h.ReadError)
+    assert Flavour(h).error_kind(exc) is ErrorKind.AMBIGUOUS
+
+
+@pytest.mark.parametrize("h", [httpx, httpx2], ids=["httpx", "httpx2"])
+def test_errors_with_no_closed_cause_keep_their_kind(h: Any) -> None:
+    """Errors without a cause keep the kind their type gives; a closed resource past the
+    bounded walk of a chain is not looked for."""
+    kinds = Flavour(h)
+    assert kinds.error_kind(h.RemoteProtocolError("Server disconnected")) is ErrorKind.AMBIGUOUS
+    assert kinds.error_kind(h.ReadTimeout("timed out")) is ErrorKind.AMBIGUOUS
+    assert kinds.error_kind(h.ConnectError("refused")) is ErrorKind.CONNECT
+    assert kinds.error_kind(h.PoolTimeout("full")) is ErrorKind.POOL
+    deep: BaseException = anyio.ClosedResourceError()
+    for _ in range(8):
+        outer = h.ReadError("wrapped")
+        outer.__cause__ = deep
+        deep = outer
+    assert kinds.error_kind(deep) is ErrorKind.AMBIGUOUS
+    assert kinds.error_kind(deep.__cause__ or deep) is ErrorKind.CLOSED

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import string
+import threading
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import anyio
 import httpx
 import pytest
 import structlog
@@ -24,6 +28,7 @@ from sidestep._cli import main
 from sidestep._config import BreakerPolicy, SidestepConfigWarning
 from sidestep._scopes import ScopeFacts
 from sidestep._suspended import unavailable_body
+from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
 from upstream import Respond, Upstream
 
@@ -232,6 +237,59 @@ def test_the_sqlite_file_and_its_events_hold_no_secret(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         sidestep.SqliteStore(hidden / "state.db")  # the directory does not exist: memory
     assert [e["event"] for e in logs] == ["store.unavailable"]
+    assert secret not in json.dumps(logs, default=str)
+
+
+def test_the_error_of_a_request_closed_during_its_retry_wait_names_no_secret() -> None:
+    """A request whose client is closed while it waits to be retried ends with an error
+    sidestep makes; neither it nor the events hold the request's credentials, path or query."""
+    secret = "S3CR3Tclosing0123456789"
+    config = {
+        "breaker": {"failure_threshold": 5},
+        "failover": {"max_attempts_per_target": 2},
+        "routes": [{"name": "chat", "targets": [{"name": "p", "url": "https://p.example/v1"}]}],
+    }
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, headers={"retry-after-ms": "300"}, text=f"{request.url}")
+
+    answered = threading.Event()
+
+    def observe(event: str, fields: Mapping[str, Any], /) -> None:
+        if event == "attempt.finished":
+            answered.set()
+
+    transport = sidestep.AsyncFailoverTransport(config, transport=httpx.MockTransport(upstream))
+    raised: list[BaseException] = []
+
+    async def go() -> None:
+        client = httpx.AsyncClient(transport=transport)
+
+        async def close_when_answered() -> None:
+            with anyio.fail_after(5):
+                while not answered.is_set():  # noqa: ASYNC110  # set in the request's task
+                    await anyio.sleep(0.005)
+            await client.aclose()
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(close_when_answered)
+            try:
+                await client.get(
+                    f"https://u:{secret}@p.example/v1/{secret}?key={secret}",
+                    headers={"authorization": f"Bearer {secret}"},
+                )
+            except httpx.ReadError as exc:
+                raised.append(exc)
+
+    add_observer(observe)
+    try:
+        with structlog.testing.capture_logs() as logs:
+            anyio.run(go)
+    finally:
+        remove_observer(observe)
+    (error,) = raised  # the close came during the wait: sidestep's own error
+    assert "closed" in str(error)
+    assert secret not in str(error) and secret not in repr(error)
     assert secret not in json.dumps(logs, default=str)
 
 

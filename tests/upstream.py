@@ -1,9 +1,10 @@
 """A scriptable HTTP/1.1 upstream on 127.0.0.1 for socket-level tests.
 
-Each `Upstream` runs a small asyncio server in a thread of its own. A test
-sets `upstream.behaviour` to a function from the received `Seen` request to
-an action — answer, stream chunk by chunk, cut a stream, send headers and
-stall, or never answer — and reads back what arrived (`upstream.seen`).
+Each `Upstream` runs a small asyncio server in a thread of its own (over TLS
+when given a server context). A test sets `upstream.behaviour` to a function
+from the received `Seen` request to an action — answer, stream chunk by
+chunk, cut a stream, send headers and stall, never answer, reset the
+connection or hang up — and reads back what arrived (`upstream.seen`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -67,7 +70,17 @@ class HeadersThenHang:
     status: int = 200
 
 
-Action = Respond | Stream | Hang | HeadersThenHang
+@dataclass
+class Reset:
+    """Read the request, then reset the connection (an RST): no answer, not a byte of one."""
+
+
+@dataclass
+class Hangup:
+    """Read the request, then close the connection in order (a FIN): no answer."""
+
+
+Action = Respond | Stream | Hang | HeadersThenHang | Reset | Hangup
 Behaviour = Callable[[Seen], Action]
 
 
@@ -80,8 +93,15 @@ def free_port() -> int:
 class Upstream:
     """One upstream server; `url` is its base URL."""
 
-    def __init__(self, behaviour: Behaviour | None = None, name: str = "upstream") -> None:
+    def __init__(
+        self,
+        behaviour: Behaviour | None = None,
+        name: str = "upstream",
+        *,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.name = name
+        self._tls = tls  # a server context: HTTPS on the same port
         self.behaviour: Behaviour = behaviour or (lambda seen: Respond(body=name))
         self.seen: list[Seen] = []
         self.connections = 0
@@ -98,7 +118,7 @@ class Upstream:
         self._ready.wait(5)
         assert self._server is not None
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def calls(self) -> int:
@@ -120,7 +140,7 @@ class Upstream:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0, ssl=self._tls)
         self._ready.set()
         await self._stop.wait()
         self._server.close()
@@ -204,6 +224,14 @@ class Upstream:
             writer.write(b"0\r\n\r\n")
             await writer.drain()
             return True
+        if isinstance(action, Reset):
+            # linger 0: the close sends an RST, not a FIN, as a crashing upstream's kernel does
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+            return False
+        if isinstance(action, Hangup):
+            return False  # the caller closes the writer: a FIN
         if isinstance(action, HeadersThenHang):
             writer.write(_head(action.status, {"transfer-encoding": "chunked"}))
             await writer.drain()

@@ -10,6 +10,7 @@ here; what it works out per candidate (`_candidates`), per result
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Generator, Mapping
 from typing import Any
@@ -91,6 +92,9 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
+        # When the shell's transport was last closed, on this clock: a request in flight
+        # then (its latest attempt sent before) sends nothing more through it.
+        self.closed_at = -math.inf
         # Unrouted origins: the endpoints that failed since the origin last answered well.
         self._failing: dict[str, set[str]] = {}
         # Routes whose all-suspended episode was logged at WARNING already.
@@ -106,6 +110,10 @@ class Core(Candidacy, Verdicts, Endings, Watching):
 
     def __repr__(self) -> str:
         return f"Core(routes={list(self.router.routes)!r}, store={self.store!r})"
+
+    def closing(self) -> None:
+        """The shell's transport is being closed: a request in flight now sends no more."""
+        self.closed_at = self.clock()
 
     # -- the loop ------------------------------------------------------------------
 
@@ -331,6 +339,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                 if not outcome.verdict.failover:
                     return self._final(outcome.result, run, target, index)
                 run.last, run.last_target = outcome.result, target
+                if self._closed_since(run):
+                    break  # closed meanwhile: no other candidate; its last failure ends it
             if run.last is not None and run.last_target is not None:
                 index = run.cands.targets.index(run.last_target)
                 last, run.last = run.last, None  # handed over: no longer ours to close
@@ -354,14 +364,18 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         outcome: Outcome | None = None
         for n in range(policy.max_attempts_per_target):
             if outcome is not None:
-                if run.body is None:
-                    break  # a one-shot body cannot be sent again
+                if run.body is None or self._closed_since(run):
+                    break  # a one-shot body cannot be sent again; a closed transport sends none
                 wait = self._retry_wait(outcome.verdict, policy, n, run)
                 if wait is None:
                     break
                 yield from self._discard(outcome.result)
                 if wait > 0:
                     yield Sleep(wait)
+                if self._closed_since(run):
+                    # closed while it waited, its failure let go already: it ends as a
+                    # request in flight on a closed client does (the failure still counts)
+                    return Outcome(outcome.verdict, self._closed_error(request))
             run.attempts += 1
             attempt = self._watched_attempt if run.watched else self._attempt
             outcome = yield from attempt(run, target, request, ticket)
@@ -543,6 +557,14 @@ class Core(Candidacy, Verdicts, Endings, Watching):
     def _discard(self, result: Any) -> Generator[Any, Any, None]:
         if not isinstance(result, BaseException):
             yield Close(result)
+
+    def _closed_error(self, request: Any) -> BaseException:
+        """What a request that the closing of its transport kept from a retry ends with."""
+        error: BaseException = self.flavour.read_error(
+            "sidestep: the transport was closed while the request waited to be sent again",
+            request=request,
+        )
+        return error
 
     def _expired(self, run: Run) -> bool:
         return run.deadline is not None and self.clock() >= run.deadline

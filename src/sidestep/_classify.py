@@ -29,6 +29,7 @@ __all__ = [
     "AMBIGUOUS_SAFE_METHODS",
     "BODY_PREFIX_LIMIT",
     "CLIENT_ERROR",
+    "CLOSED_LOCALLY",
     "CONTEXT_OVERFLOW",
     "INVALID_CREDENTIAL",
     "QUOTA_EXHAUSTED",
@@ -64,6 +65,9 @@ class ErrorKind(enum.Enum):
     AMBIGUOUS = "ambiguous"  # read/write timeout, reset or protocol error: it may have been sent
     POOL = "pool"  # the local pool is exhausted: not the upstream's fault, nothing was sent
     PROXY = "proxy"  # the proxy could not be reached or refused the tunnel: the proxy's fault
+    # our own side closed the connection under the attempt (the application closed its
+    # client, transport or pool while the request was in flight): nothing about the upstream
+    CLOSED = "closed"
     OTHER = "other"  # unsupported protocol, programming error: not an upstream failure
 
 
@@ -200,6 +204,15 @@ class Verdict:
 
 Classifier: TypeAlias = Callable[[Exchange], Verdict]
 
+CLOSED_LOCALLY = Verdict(Kind.NEUTRAL, None, None, failover=False)
+"""The verdict on an attempt our own side closed under it (`ErrorKind.CLOSED`).
+
+Neither counts nor resets, and moves on to no other attempt or candidate:
+whoever closed the client wants nothing more sent through it. The core gives
+it without asking a replacement classifier: it is a fact, not a judgement of
+the upstream.
+"""
+
 
 def needs_body(status: int) -> bool:
     """Whether the body of a response with `status` may change its verdict."""
@@ -299,6 +312,8 @@ def classify(x: Exchange) -> Verdict:
 
 
 def _classify_error(x: Exchange) -> Verdict:
+    if x.error is ErrorKind.CLOSED:
+        return Verdict(Kind.NEUTRAL, None, None, failover=False, status=x.status)
     if x.error is ErrorKind.CONNECT:
         return Verdict(Kind.FAILURE, UNAVAILABLE, ScopeKind.ORIGIN, True, status=x.status)
     if x.error is ErrorKind.AMBIGUOUS:

@@ -7,12 +7,17 @@ flavour-neutral `ErrorKind` the classifier reads.
 
 from __future__ import annotations
 
+import errno
+import ssl
+import sys
 from types import ModuleType
 from typing import Any
 
+import anyio
+
 from ._classify import ErrorKind
 
-__all__ = ["Flavour", "is_proxy"]
+__all__ = ["Flavour", "closed_locally", "is_proxy"]
 
 # httpcore's (and httpcore2's) connection pools that reach upstreams through a proxy.
 _PROXY_POOLS = frozenset({"HTTPProxy", "AsyncHTTPProxy", "SOCKSProxy", "AsyncSOCKSProxy"})
@@ -29,6 +34,10 @@ _ERROR_KINDS = {
     "CloseError": ErrorKind.AMBIGUOUS,
     "PoolTimeout": ErrorKind.POOL,
 }
+# What a socket says when this process closed it under a read or write in flight: the
+# descriptor is gone (or, reused meanwhile, no longer a socket). No peer can cause either.
+_CLOSED_ERRNOS = frozenset({errno.EBADF, errno.ENOTSOCK})
+_CAUSES = 8  # the most links of an exception's chain looked at (httpx <- httpcore <- backend)
 
 
 class Flavour:
@@ -42,6 +51,7 @@ class Flavour:
         "module",
         "multipart",
         "name",
+        "read_error",
         "read_timeout",
         "timeout_error",
     )
@@ -53,6 +63,7 @@ class Flavour:
         self.ByteStream: Any = module.ByteStream
         self.TransportError: type[Exception] = module.TransportError
         self.read_timeout: Any = module.ReadTimeout
+        self.read_error: Any = module.ReadError
         self.timeout_error: Any = module.TimeoutException
         self.multipart: type[Any] = _multipart_stream(module)
         self.errors: dict[type[BaseException], ErrorKind] = {
@@ -63,6 +74,8 @@ class Flavour:
         return f"Flavour({self.name})"
 
     def error_kind(self, exc: BaseException) -> ErrorKind:
+        if closed_locally(exc):
+            return ErrorKind.CLOSED
         for cls in type(exc).__mro__:
             kind = self.errors.get(cls)
             if kind is not None:
@@ -74,6 +87,39 @@ class Flavour:
     def is_timeout(self, exc: BaseException) -> bool:
         """Whether `exc` is a timeout: the flavour's own, or a deadline sidestep enforced."""
         return isinstance(exc, (self.timeout_error, TimeoutError))
+
+
+def closed_locally(exc: BaseException) -> bool:
+    """Whether `exc` says our own side closed the connection under the attempt.
+
+    The application closed its client, its transport or the pool while the
+    request was in flight (or anything else in this process closed the
+    socket): httpcore's read or write then fails on a closed resource, and the
+    flavour's error carries that cause — anyio's or trio's
+    `ClosedResourceError` (a peer that goes away is a `BrokenResourceError`,
+    an end of stream or a protocol error instead), or, in a sync client, an
+    `OSError` of a closed descriptor. Each link is the explicit cause, else
+    the context: httpcore's pool re-raises its connection's error ``from
+    None``, which hides the backend's error from tracebacks but keeps it as
+    the context.
+    """
+    trio = sys.modules.get("trio")  # not imported: none of its errors can be here
+    cause: BaseException | None = exc
+    for _ in range(_CAUSES):
+        if cause is None:
+            return False
+        if isinstance(cause, anyio.ClosedResourceError):
+            return True
+        if trio is not None and isinstance(cause, trio.ClosedResourceError):
+            return True
+        if (
+            isinstance(cause, OSError)
+            and not isinstance(cause, ssl.SSLError)  # its errno is TLS's own code
+            and cause.errno in _CLOSED_ERRNOS
+        ):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def is_proxy(transport: Any) -> bool:

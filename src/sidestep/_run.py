@@ -138,6 +138,7 @@ class CoreState:
     suspensions: Suspensions
     classifier: c11n.Classifier
     via_proxy: Callable[[Any], bool]
+    closed_at: float
     _custom_classifier: bool
     _exact: bool
     _blocking: bool

@@ -124,6 +124,7 @@ class _SyncShell(_Shell):
         return self._drive(core.resume(ready, response)) if answer is None else answer
 
     def close(self) -> None:
+        self._core.closing()
         self._inner.close()
 
     # A client used as a context manager enters and exits its transports: the
@@ -133,6 +134,7 @@ class _SyncShell(_Shell):
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
+        self._core.closing()
         self._inner.__exit__(*exc_info)
 
     def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
@@ -224,6 +226,7 @@ class _AsyncShell(_Shell):
         return await self._drive(core.resume(ready, response)) if answer is None else answer
 
     async def aclose(self) -> None:
+        self._core.closing()
         await self._inner.aclose()
 
     async def __aenter__(self) -> Any:
@@ -231,6 +234,7 @@ class _AsyncShell(_Shell):
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
+        self._core.closing()
         await self._inner.__aexit__(*exc_info)
 
     async def asuspensions(self) -> list[Suspension]:

@@ -39,6 +39,12 @@ class Verdicts(CoreState):
 
     def _classify_error(self, request: Any, exc: BaseException, run: Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
+        if kind is ErrorKind.CLOSED or self._closed_since(run):
+            # A fact, not a classifier's opinion: our own side closed the connection
+            # under the attempt (the application closed its client, transport or pool),
+            # or closed this transport while it was in flight (a sync TLS socket closed
+            # under a read says no more than an upstream's end of stream would).
+            return c11n.CLOSED_LOCALLY
         if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
             kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
         verdict = self._classify(
@@ -56,6 +62,12 @@ class Verdicts(CoreState):
             # waiting, so it gets no second attempt (scope and failover unchanged).
             verdict = replace(verdict, timeout=True)
         return verdict
+
+    def _closed_since(self, run: Run) -> bool:
+        """Whether the transport was closed after the request's latest attempt was sent:
+        the request is in flight on a closed client. (A transport that several clients
+        share serves the requests sent after one of them closed it as before.)"""
+        return self.closed_at > run.sent_at
 
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
