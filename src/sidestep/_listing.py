@@ -170,17 +170,19 @@ class Listing:
         row = _find(self.suspensions(), scope_id)
         if row is None:
             return None
+        at = time.monotonic()
         done = self.store.clear(scope_id)
         self._answered()
-        return _cleared(row, who) if done else None
+        return _cleared(row, who, at) if done else None
 
     async def aclear(self, scope_id: str, who: str) -> Suspension | None:
         row = _find(await self.asuspensions(), scope_id)
         if row is None:
             return None
+        at = time.monotonic()
         done = await self.store.clear_async(scope_id)
         self._answered()
-        return _cleared(row, who) if done else None
+        return _cleared(row, who, at) if done else None
 
     def _answered(self) -> None:
         # a shared store that is away serves from its local stand-in (and says so)
@@ -188,7 +190,8 @@ class Listing:
             raise StoreUnavailable
 
 
-def _cleared(row: Suspension, who: str) -> Suspension:
+def _cleared(row: Suspension, who: str, at: float) -> Suspension:
+    """`at`: when the store was asked to clear it (`time.monotonic()`)."""
     emit(
         "suspension.cleared",
         logging.WARNING,  # an operator's hand on the circuits: shown where warnings are
@@ -198,6 +201,7 @@ def _cleared(row: Suspension, who: str) -> Suspension:
         scope=row.scope,
         reason=row.reason,
         who=who,
+        cleared_at=at,
     )
     return row
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -83,7 +84,9 @@ class Transition:
     `forgotten`: the store let go of a scope that was not closed (open or
     half-open, `previous`) to stay within its bound; it is healthy again as
     far as admission goes (`state` closed), but never passed a probe. Such a
-    scope may be any target's, not the request's that made room.
+    scope may be any target's, not the request's that made room; `at` is when
+    the store let go of it (`time.monotonic()`, taken before anything else could
+    suspend that scope anew), so that telling it late takes off no newer suspension.
     """
 
     scope: ScopeKey
@@ -93,6 +96,7 @@ class Transition:
     failures: int
     retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
     forgotten: bool = False
+    at: float = 0.0  # a forgotten scope's: when the store let go of it
 
 
 class Admission(NamedTuple):
@@ -440,7 +444,16 @@ class MemoryStore:
             victim = next(iter(entries))
             c = entries[victim]
             self._dropped.append(
-                Transition(victim, State.CLOSED, c.state, c.reason, c.failures, None, True)
+                Transition(
+                    victim,
+                    State.CLOSED,
+                    c.state,
+                    c.reason,
+                    c.failures,
+                    None,
+                    True,
+                    time.monotonic(),
+                )
             )
         self._seq += 1
         self._forget(victim)

@@ -234,6 +234,7 @@ class Verdicts(CoreState):
             reason=t.reason,
             failures=t.failures,
             cause="max_scopes",
+            forgotten_at=t.at,
         )
 
 

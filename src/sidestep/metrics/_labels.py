@@ -11,6 +11,7 @@ path, a query, userinfo, a credential or a fingerprint.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -145,6 +146,7 @@ class Measures:
         self._origins: set[str] = set()
         self._suspended: dict[object, tuple[str, str, str]] = {}  # gauge labels, by scope_id
         self._seen: dict[object, float] = {}  # when each one's last transition came
+        self._born: dict[object, float] = {}  # when each one was last seen leave closed
         self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
@@ -207,11 +209,17 @@ class Measures:
         return OTHER
 
     def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
-        """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have."""
+        """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have
+        — unless it was seen leave closed again after the store let go of it (told late,
+        the let-go is of its former suspension)."""
         key = fields.get("scope_id")
+        at = fields.get("forgotten_at", fields.get("cleared_at"))
         with self._lock:
+            if isinstance(at, (int, float)) and self._born.get(key, -math.inf) > at:
+                return []
             labels = self._suspended.pop(key, None)
             self._seen.pop(key, None)
+            self._born.pop(key, None)
         return [] if labels is None else [(SUSPENDED, labels, -1)]
 
     def _listed(self, fields: Mapping[str, Any]) -> list[Measure]:
@@ -230,6 +238,7 @@ class Measures:
             for key in gone:
                 measures.append((SUSPENDED, self._suspended.pop(key), -1))
                 self._seen.pop(key, None)
+                self._born.pop(key, None)
         return measures
 
     def _transition(self, fields: Mapping[str, Any]) -> list[Measure]:
@@ -246,6 +255,7 @@ class Measures:
                 if known is not None:  # only what this process counted comes off
                     del self._suspended[key]
                     self._seen.pop(key, None)
+                    self._born.pop(key, None)
                     reason = known[2]  # a closing is labelled with what it ends
                     measures.append((SUSPENDED, known, -1))
             else:
@@ -256,6 +266,8 @@ class Measures:
                     measures.append((SUSPENDED, labels, 1))
                     self._suspended[key] = labels
                 if key in self._suspended:
-                    self._seen[key] = time.monotonic()
+                    self._seen[key] = seen = time.monotonic()
+                    if before == _CLOSED:
+                        self._born[key] = seen
         measures.append((TRANSITIONS, (target, scope, before, after, reason), 1))
         return measures

@@ -1,0 +1,130 @@
+"""The suspended gauge against a store's let-go racing a new suspension of the same scope."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+import sidestep
+from scrape import samples
+from sidestep._config import SidestepConfigWarning
+from sidestep.logging import add_observer, remove_observer
+from sidestep.metrics import prometheus
+from sidestep.metrics._labels import SUSPENDED, Measures
+from upstream import Respond, Seen, Upstream, wait_for
+
+
+def unavailable(seen: Seen) -> Respond:
+    return Respond(503, "down")
+
+
+def gauge_by_target(registry: CollectorRegistry) -> dict[str, float]:
+    found = samples(generate_latest(registry).decode())
+    totals: dict[str, float] = {}
+    for (name, labels), amount in found.items():
+        if name == "sidestep_suspended" and amount:
+            target = dict(labels)["target"]
+            totals[target] = totals.get(target, 0.0) + amount
+    return totals
+
+
+class Gate:
+    """An observer that holds one thread's `suspension.forgotten` of `target` until opened."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.reached = threading.Event()
+        self.opened = threading.Event()
+
+    def __call__(self, event: str, fields: Mapping[str, Any], /) -> None:
+        if event == "suspension.forgotten" and fields.get("target") == self.target:
+            self.reached.set()
+            assert self.opened.wait(10)
+
+
+@pytest.fixture
+def gated_registry() -> Iterator[tuple[Gate, CollectorRegistry]]:
+    """A gate heard before the Prometheus exporter, which reports into a fresh registry."""
+    gate = Gate("a")
+    add_observer(gate)
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    yield gate, registry
+    prometheus.disable()
+    remove_observer(gate)
+    gate.opened.set()
+
+
+def test_a_scope_suspended_again_before_its_forgetting_is_told_stays_counted(
+    a: Upstream, b: Upstream, gated_registry: tuple[Gate, CollectorRegistry]
+) -> None:
+    """A store bounded to one scope holds A open; a request failing on B makes it forget A,
+    and before that request's `suspension.forgotten` reaches the gauge, another thread's
+    failure on A suspends A anew (from closed). The late forgetting is of A's former
+    suspension: A, open in the store and listed, stays on the gauge (it came off, and no
+    listing ever put it back: the gauge said no outage through A's whole new one)."""
+    gate, registry = gated_registry
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        config = {
+            "breaker": {"failure_threshold": 1, "cooldown": 600},
+            "routes": [
+                {"name": "one", "targets": [{"name": "a", "url": a.url + "/v1"}]},
+                {"name": "two", "targets": [{"name": "b", "url": b.url + "/v1"}]},
+            ],
+        }
+        transport = sidestep.FailoverTransport(config, store=sidestep.MemoryStore(max_scopes=1))
+    a.behaviour = b.behaviour = unavailable
+    with httpx.Client(transport=transport) as client:
+        client.get(a.url + "/v1/x")  # A opens
+        assert gauge_by_target(registry) == {"a": 1}
+        other = threading.Thread(target=client.get, args=(b.url + "/v1/x",))
+        other.start()  # B opens, A forgotten: told only once the gate opens
+        try:
+            wait_for(gate.reached.is_set)
+            assert [row.target for row in transport.suspensions()] == ["b"]
+            client.get(a.url + "/v1/x")  # A, closed as the store knows it, fails and opens
+        finally:
+            gate.opened.set()
+            other.join(10)
+        held = [row.target for row in transport.suspensions()]
+        assert held == ["a"]
+        assert gauge_by_target(registry) == {"a": 1}
+
+
+def test_a_let_go_told_after_a_new_suspension_leaves_it_counted() -> None:
+    """`suspension.forgotten` and `suspension.cleared` carry when the store let go; one that
+    comes after the scope was seen suspended anew from closed is of its former suspension
+    and takes nothing off; one from after that suspension takes it off."""
+    measures = Measures()
+    opened = {
+        "route": "chat",
+        "target": "a",
+        "scope": "origin",
+        "scope_id": "s1",
+        "previous": "closed",
+        "state": "open",
+        "reason": "unavailable",
+    }
+
+    def gauge(event: str, fields: Mapping[str, Any]) -> float:
+        return sum(n for i, _, n in measures(event, fields) if i is SUSPENDED)
+
+    assert gauge("circuit.opened", opened) == 1
+    let_go = time.monotonic()  # the store forgets s1 here...
+    assert gauge("circuit.opened", opened) == 0  # ...s1 fails again, anew from closed
+    for event, field in (
+        ("suspension.forgotten", "forgotten_at"),
+        ("suspension.cleared", "cleared_at"),
+    ):
+        assert gauge(event, {"scope_id": "s1", field: let_go}) == 0
+    assert gauge("suspension.forgotten", {"scope_id": "s1", "forgotten_at": time.monotonic()}) == -1
+    assert gauge("circuit.opened", opened) == 1
+    assert gauge("suspension.cleared", {"scope_id": "s1"}) == -1  # no time: as it comes
