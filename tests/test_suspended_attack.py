@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 import sidestep
-from scrape import samples
+from scrape import gauge_by_target
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
@@ -23,16 +23,6 @@ from upstream import Respond, Seen, Upstream, wait_for
 
 def unavailable(seen: Seen) -> Respond:
     return Respond(503, "down")
-
-
-def gauge_by_target(registry: CollectorRegistry) -> dict[str, float]:
-    found = samples(generate_latest(registry).decode())
-    totals: dict[str, float] = {}
-    for (name, labels), amount in found.items():
-        if name == "sidestep_suspended" and amount:
-            target = dict(labels)["target"]
-            totals[target] = totals.get(target, 0.0) + amount
-    return totals
 
 
 class Gate:
