@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import sidestep
+from drivers import route
 from scrape import gauge_by_target
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
@@ -118,3 +119,32 @@ def test_a_let_go_told_after_a_new_suspension_leaves_it_counted() -> None:
     assert gauge("suspension.forgotten", {"scope_id": "s1", "forgotten_at": time.monotonic()}) == -1
     assert gauge("circuit.opened", opened) == 1
     assert gauge("suspension.cleared", {"scope_id": "s1"}) == -1  # no time: as it comes
+
+
+def test_a_listing_of_one_store_leaves_what_another_store_holds_counted(
+    a: Upstream, b: Upstream
+) -> None:
+    """Two transports in one process, each with its own memory store (two clients, or an
+    admin page over one of them): A opens in the first; listing the second store, which
+    never held A, leaves A on the gauge (it took A off: the gauge said no outage while
+    the first store held A open, at every refresh of an admin page over the second),
+    and the first store's listing, which holds it, too."""
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SidestepConfigWarning)
+            config = route(
+                ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1}
+            )
+            first = sidestep.FailoverTransport(config)
+            second = sidestep.FailoverTransport(config)
+        a.behaviour = unavailable
+        with httpx.Client(transport=first) as client:
+            assert client.get(a.url + "/v1/x").text == "b"
+        assert gauge_by_target(registry) == {"a": 1}
+        assert second.suspensions() == []
+        assert [row.target for row in first.suspensions()] == ["a"]
+        assert gauge_by_target(registry) == {"a": 1}
+    finally:
+        prometheus.disable()

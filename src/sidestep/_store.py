@@ -77,6 +77,12 @@ class Refusal:
     retry_at: float  # math.inf while open until cleared
 
 
+def store_id(store: object) -> str:
+    """An opaque id of a store instance, unique among this process's live stores: events
+    about its scopes carry it, so that a listing of one store speaks for that one alone."""
+    return format(id(store), "x")
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
     """A scope changed state: the material of one event.

@@ -132,21 +132,25 @@ class Measures:
     """Each event's measurements, by the label rules (one instance per exporter).
 
     Keeps two bounded memories: the unrouted origins labelled so far (at most
-    `max_origins`), and, by scope id, the gauge labels each scope it saw leave
-    ``closed`` was counted under, so that closing, clearing or forgetting it
-    takes the gauge down under those same labels (two models of one target are
-    two scopes; one scope reached through two targets' names is one), with
-    when its last transition was seen: a listing of the store
-    (``suspensions.listed``) takes off the scopes it no longer holds, those
-    seen before it was asked for — not one that opened again meanwhile.
+    `max_origins`), and, by store and scope id, the gauge labels each scope it
+    saw leave ``closed`` was counted under, so that closing, clearing or
+    forgetting it takes the gauge down under those same labels (two models of
+    one target are two scopes; one scope reached through two targets' names is
+    one; one origin in two stores of the process, two), with when its last
+    transition was seen and when it last left ``closed``: a listing of a store
+    (``suspensions.listed``) takes off the scopes of that store it no longer
+    holds, those seen before it was asked for — not one that opened again
+    meanwhile; a clear or forgetting told after the scope left ``closed`` anew
+    is of its former suspension, and takes nothing off.
     """
 
     def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
         self._max_origins = max_origins
         self._origins: set[str] = set()
-        self._suspended: dict[object, tuple[str, str, str]] = {}  # gauge labels, by scope_id
-        self._seen: dict[object, float] = {}  # when each one's last transition came
-        self._born: dict[object, float] = {}  # when each one was last seen leave closed
+        # gauge labels, by store and scope_id (two stores of one process: two scopes)
+        self._suspended: dict[tuple[object, object], tuple[str, str, str]] = {}
+        self._seen: dict[tuple[object, object], float] = {}  # when its last transition came
+        self._born: dict[tuple[object, object], float] = {}  # when last seen leave closed
         self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
@@ -212,7 +216,7 @@ class Measures:
         """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have
         — unless it was seen leave closed again after the store let go of it (told late,
         the let-go is of its former suspension)."""
-        key = fields.get("scope_id")
+        key = (fields.get("store"), fields.get("scope_id"))
         at = fields.get("forgotten_at", fields.get("cleared_at"))
         with self._lock:
             if isinstance(at, (int, float)) and self._born.get(key, -math.inf) > at:
@@ -227,13 +231,13 @@ class Measures:
         held, listed_at = fields.get("scope_ids"), fields.get("listed_at")
         if not isinstance(held, (tuple, list)) or not isinstance(listed_at, (int, float)):
             return []
-        held = frozenset(held)
+        store, held = fields.get("store"), frozenset(held)
         measures: list[Measure] = []
         with self._lock:
             gone = [
                 key
                 for key in self._suspended
-                if key not in held and self._seen.get(key, 0.0) < listed_at
+                if key[0] == store and key[1] not in held and self._seen.get(key, 0.0) < listed_at
             ]
             for key in gone:
                 measures.append((SUSPENDED, self._suspended.pop(key), -1))
@@ -247,7 +251,7 @@ class Measures:
         before = _one_of(fields.get("previous"), _STATES)
         after = _one_of(fields.get("state"), _STATES)
         reason = _one_of(fields.get("reason"), _REASONS)
-        key = fields.get("scope_id")
+        key = (fields.get("store"), fields.get("scope_id"))
         measures: list[Measure] = []
         with self._lock:
             known = self._suspended.get(key)
