@@ -506,6 +506,11 @@ SHELL_FORMS = {
     ),
     "a shell script, not read": (["sh", "start.sh", SECRET], "unknown", "a shell script"),
     "env -u": (["env", "-u", "WEB_CONCURRENCY", "gunicorn", "app:app"], "ok", "gunicorn with one"),
+    "sidestep run -- CMD, the launcher": (
+        ["sidestep", "run", "-c", "sidestep.yaml", "--", "gunicorn", "-w", "8", "app:app"],
+        "warn",
+        "gunicorn with 8 workers (-w)",
+    ),
     "python -mgunicorn": (
         ["python3", "-mgunicorn", "app:app"],
         "warn",
@@ -537,7 +542,7 @@ def test_a_command_as_a_shell_would_run_it(
 ) -> None:
     """The command after -- is read as a shell runs it — variables set before the program,
     `sh -c '... && exec gunicorn ...'`, the whole command quoted as one word, `env -u`,
-    `python -mMODULE` — so the verdict is the server's, and no word of it other than a
+    `python -mMODULE`, `sidestep run -- CMD` — so the verdict is the server's, and no word of it other than a
     program's plain name or a worker count shows (a secret before the program was printed
     as the program's name; `sh -c 'gunicorn -w 4 ...'` was one process)."""
     for name in PROCESS_VARIABLES:

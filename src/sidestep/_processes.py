@@ -66,6 +66,9 @@ def processes(
         return _shell(words[1:], environ, exists)
     if words and _PYTHON.match(_program(words[0])):
         words = _module(words)  # python -m gunicorn ...: gunicorn ...
+    if len(words) > 1 and _program(words[0]) == "sidestep" and words[1] == "run":
+        # sidestep's own launcher (a Procfile's line): the command after its --
+        return processes(words[words.index("--") + 1 :] if "--" in words else [], environ, exists)
     if not words:
         return Processes(False, "no command: one process")
     name, args = _program(words[0]), words[1:]
