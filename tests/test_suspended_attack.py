@@ -6,6 +6,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,8 +15,10 @@ from prometheus_client import CollectorRegistry
 
 import sidestep
 from drivers import route
+from redis_server import fresh_prefix
 from scrape import gauge_by_target
 from sidestep._config import SidestepConfigWarning
+from sidestep._store import store_id
 from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
 from sidestep.metrics._labels import SUSPENDED, Measures
@@ -148,3 +151,60 @@ def test_a_listing_of_one_store_leaves_what_another_store_holds_counted(
         assert gauge_by_target(registry) == {"a": 1}
     finally:
         prometheus.disable()
+
+
+def test_two_instances_of_one_shared_store_count_one_set_of_scopes(
+    a: Upstream, b: Upstream, redis_url: str
+) -> None:
+    """Two transports of one process, each with a RedisStore of its own on one Redis and
+    prefix (each transport builds the configured store): they hold one set of scopes, so
+    A opened through the first and cleared through the second leaves the gauge, and a
+    listing through either speaks for both."""
+    registry = CollectorRegistry()
+    prometheus.enable(registry)
+    prefix = fresh_prefix()
+    stores = [sidestep.RedisStore(redis_url, prefix=prefix, mirror=False) for _ in range(2)]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SidestepConfigWarning)
+            config = route(
+                ("a", a.url + "/v1"), ("b", b.url + "/v1"), breaker={"failure_threshold": 1}
+            )
+            first, second = (sidestep.FailoverTransport(config, store=s) for s in stores)
+        a.behaviour = unavailable
+        with httpx.Client(transport=first) as client:
+            assert client.get(a.url + "/v1/x").text == "b"
+        assert gauge_by_target(registry) == {"a": 1}
+        (row,) = second.suspensions()
+        assert gauge_by_target(registry) == {"a": 1}
+        assert second.clear(row.scope_id)
+        assert gauge_by_target(registry) == {}
+        with httpx.Client(transport=second) as client:
+            assert client.get(a.url + "/v1/x").text == "b"  # A opens again, through the second
+        assert gauge_by_target(registry) == {"a": 1}
+        assert first.suspensions() != []
+        assert gauge_by_target(registry) == {"a": 1}
+    finally:
+        prometheus.disable()
+        for store in stores:
+            store.close()
+
+
+def test_a_shared_stores_id_names_its_state_and_never_its_url(tmp_path: Path) -> None:
+    """Events carry `store`: one id for two instances on one Redis URL and prefix (or one
+    SQLite file), another for another prefix or file, and a memory store's its own;
+    never the URL, its password or the path."""
+    url = "redis://:hunter2-secret@127.0.0.1:1/3"
+    redis = [sidestep.RedisStore(url, prefix=p, mirror=False) for p in ("s:", "s:", "t:")]
+    files = [sidestep.SqliteStore(tmp_path / n) for n in ("one.db", "one.db", "two.db")]
+    try:
+        for one, same, other in (redis, files):
+            assert store_id(one) == store_id(same) != store_id(other)
+        memory = [sidestep.MemoryStore(), sidestep.MemoryStore()]  # both alive
+        ids = [store_id(s) for s in (*redis, *files, *memory)]
+        assert all(int(i, 16) >= 0 for i in ids)  # hexadecimal, nothing else
+        assert len(set(ids)) == 6
+        assert not any("hunter2" in i or "one.db" in i for i in ids)
+    finally:
+        for store in (*redis, *files):
+            store.close()

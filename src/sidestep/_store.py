@@ -10,7 +10,9 @@ dictionary look-up: the request's model and credential are never worked out.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
 import threading
 import time
 from dataclasses import dataclass, field
@@ -77,10 +79,19 @@ class Refusal:
     retry_at: float  # math.inf while open until cleared
 
 
+_STATE_KEY = secrets.token_bytes(16)  # store ids mean something in this process alone
+
+
 def store_id(store: object) -> str:
-    """An opaque id of a store instance, unique among this process's live stores: events
-    about its scopes carry it, so that a listing of one store speaks for that one alone."""
-    return format(id(store), "x")
+    """An opaque id of the state a store holds: events about its scopes carry it, so
+    that a listing of one store speaks for that state alone. Two instances of a shared
+    store on one state (a Redis server and prefix, a SQLite file: `_shared_state`) have
+    one id, keyed by a secret of this process (the name may hold a password); any other
+    store is its instance."""
+    shared = getattr(store, "_shared_state", None)
+    if not isinstance(shared, str):
+        return format(id(store), "x")
+    return hashlib.blake2b(shared.encode(), key=_STATE_KEY, digest_size=8).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
