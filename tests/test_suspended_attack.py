@@ -122,6 +122,8 @@ def test_a_let_go_told_after_a_new_suspension_leaves_it_counted() -> None:
     assert gauge("suspension.forgotten", {"scope_id": "s1", "forgotten_at": time.monotonic()}) == -1
     assert gauge("circuit.opened", opened) == 1
     assert gauge("suspension.cleared", {"scope_id": "s1"}) == -1  # no time: as it comes
+    assert gauge("circuit.opened", opened) == 1
+    assert gauge("suspension.forgotten", {"scope_id": "s1", "forgotten_at": None}) == -1
 
 
 def test_a_listing_of_one_store_leaves_what_another_store_holds_counted(

@@ -113,7 +113,7 @@ class Transition:
     failures: int
     retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
     forgotten: bool = False
-    at: float = 0.0  # a forgotten scope's: when the store let go of it
+    at: float | None = None  # a forgotten scope's: when the store let go of it (if known)
 
 
 class Admission(NamedTuple):
