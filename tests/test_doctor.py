@@ -511,6 +511,12 @@ SHELL_FORMS = {
         "warn",
         "gunicorn with 8 workers (-w)",
     ),
+    "a wrapper that runs the server": (
+        ["ddtrace-run", "gunicorn", "-c", "gunicorn.conf.py", "app:app"],
+        "unknown",
+        "gunicorn, whose configuration file (given with -c)",
+    ),
+    "uv run": (["uv", "run", "--frozen", "uvicorn", "app:app"], "warn", "uvicorn with 3 workers"),
     "python -mgunicorn": (
         ["python3", "-mgunicorn", "app:app"],
         "warn",
@@ -542,7 +548,7 @@ def test_a_command_as_a_shell_would_run_it(
 ) -> None:
     """The command after -- is read as a shell runs it — variables set before the program,
     `sh -c '... && exec gunicorn ...'`, the whole command quoted as one word, `env -u`,
-    `python -mMODULE`, `sidestep run -- CMD` — so the verdict is the server's, and no word of it other than a
+    `python -mMODULE`, `sidestep run -- CMD`, a wrapper such as `ddtrace-run` — so the verdict is the server's, and no word of it other than a
     program's plain name or a worker count shows (a secret before the program was printed
     as the program's name; `sh -c 'gunicorn -w 4 ...'` was one process)."""
     for name in PROCESS_VARIABLES:

@@ -22,6 +22,8 @@ __all__ = ["Processes", "processes"]
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# the servers read here, found after a wrapper that runs them
+_SERVERS = frozenset({"gunicorn", "uwsgi", "celery", "uvicorn"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash"})
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # a program named, not a value
 # what separates a shell's commands: the last one after `&&` or `;` is the server
@@ -80,6 +82,10 @@ def processes(
         return _uwsgi(args, environ)
     if name == "celery":
         return _celery(args)
+    if name not in _SERVERS:  # a wrapper: ddtrace-run, uv run, opentelemetry-instrument ...
+        inner = next((i for i, word in enumerate(args) if _program(word) in _SERVERS), None)
+        if inner is not None:
+            return processes(args[inner:], environ, exists)
     given = _option(args, ("--workers", "--processes"), ("-w",))
     if given is not None:
         return _count(name, "worker", given.option, given.value)
