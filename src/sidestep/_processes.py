@@ -83,9 +83,9 @@ def processes(
     if name == "celery":
         return _celery(args)
     if name not in _SERVERS:  # a wrapper: ddtrace-run, uv run, opentelemetry-instrument ...
-        inner = next((i for i, word in enumerate(args) if _program(word) in _SERVERS), None)
-        if inner is not None:
-            return processes(args[inner:], environ, exists)
+        server = next((i for i, word in enumerate(args) if _program(word) in _SERVERS), None)
+        if server is not None:
+            return processes(args[server:], environ, exists)
     given = _option(args, ("--workers", "--processes"), ("-w",))
     if given is not None:
         return _count(name, "worker", given.option, given.value)
