@@ -5,8 +5,11 @@ split between workers. gunicorn and uwsgi run one worker unless told otherwise
 (an option, an environment variable, a configuration file); celery's worker runs
 one process per CPU unless its concurrency or pool says otherwise. A configuration
 file is never read (it may be code): when one may set the count, the answer is
-that it is not known. Descriptions name programs, options and variables, never an
-argument's value other than a worker count.
+that it is not known. The command is read as a shell would run it (variables set
+before the program, ``sh -c``, wrappers such as ``env``, ``python -m``, ``sidestep
+run`` or ``ddtrace-run``); a shell script is not read. Descriptions name programs
+(a plain name, else "the command"), options and variables, never an argument's
+value other than a worker count.
 """
 
 from __future__ import annotations
