@@ -481,3 +481,82 @@ def test_a_memory_store_follows_the_processes_the_command_runs(
     assert (store["status"], store["keys"]) == (status, ["store"]), (store["reason"], err)
     assert words in store["reason"]
     assert SECRET not in store["reason"]
+
+
+SHELL_FORMS = {
+    "a variable set before the program, as a shell does": (
+        [f"API_KEY={SECRET}", "WEB_CONCURRENCY=4", "gunicorn", "app:app"],
+        "warn",
+        "gunicorn with 4 workers (WEB_CONCURRENCY)",
+    ),
+    "the command quoted as one word": (
+        [f"gunicorn -w 4 --env API_KEY={SECRET} app:app"],
+        "warn",
+        "gunicorn with 4 workers (-w)",
+    ),
+    "sh -c": (
+        ["sh", "-c", f"cd /srv && API_KEY={SECRET} exec gunicorn -w 4 app:app"],
+        "warn",
+        "gunicorn with 4 workers (-w)",
+    ),
+    "bash -ec, the count a variable the shell expands": (
+        ["bash", "-ec", f"exec gunicorn --workers $WORKERS --env TOKEN={SECRET} app:app"],
+        "unknown",
+        "gunicorn, whose --workers is not a number here",
+    ),
+    "a shell script, not read": (["sh", "start.sh", SECRET], "unknown", "a shell script"),
+    "env -u": (["env", "-u", "WEB_CONCURRENCY", "gunicorn", "app:app"], "ok", "gunicorn with one"),
+    "sidestep run -- CMD, the launcher": (
+        ["sidestep", "run", "-c", "sidestep.yaml", "--", "gunicorn", "-w", "8", "app:app"],
+        "warn",
+        "gunicorn with 8 workers (-w)",
+    ),
+    "a wrapper that runs the server": (
+        ["ddtrace-run", "gunicorn", "-c", "gunicorn.conf.py", "app:app"],
+        "unknown",
+        "gunicorn, whose configuration file (given with -c)",
+    ),
+    "uv run": (["uv", "run", "--frozen", "uvicorn", "app:app"], "warn", "uvicorn with 3 workers"),
+    "python -mgunicorn": (
+        ["python3", "-mgunicorn", "app:app"],
+        "warn",
+        "gunicorn with 3 workers (WEB_CONCURRENCY)",
+    ),
+    "a script of several lines": (
+        ["sh", "-c", "set -e\ncd /srv\nexec uvicorn app:app --workers 2\n"],
+        "warn",
+        "uvicorn with 2 workers",
+    ),
+    "a program spelt with what may be a value": (
+        [f"./serve?token={SECRET}", "-w", "2"],
+        "warn",
+        "the command with 2 workers",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("command", "status", "words"), SHELL_FORMS.values(), ids=SHELL_FORMS.keys()
+)
+def test_a_command_as_a_shell_would_run_it(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
+    status: str,
+    words: str,
+) -> None:
+    """The command after -- is read as a shell runs it — variables set before the program,
+    `sh -c '... && exec gunicorn ...'`, the whole command quoted as one word, `env -u`,
+    `python -mMODULE`, `sidestep run -- CMD`, a wrapper such as `ddtrace-run` — so the verdict is the server's, and no word of it other than a
+    program's plain name or a worker count shows (a secret before the program was printed
+    as the program's name; `sh -c 'gunicorn -w 4 ...'` was one process)."""
+    for name in PROCESS_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")  # `env -u` takes it away
+    monkeypatch.chdir(tmp_path)
+    _, found, err = doctor(capsys, tmp_path, "routes: []", "--", *command)
+    (store,) = found["store"]
+    assert store["status"] == status, (store["reason"], err)
+    assert words in store["reason"]
+    assert SECRET not in store["reason"] + err

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 import sidestep
 from drivers import FakeClock, MakeDriver, route
 from redis_server import fresh_prefix
-from scrape import samples
+from scrape import gauge_by_target
 from sidestep import AllCandidatesSuspended
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
@@ -246,17 +246,6 @@ def test_a_scope_shared_by_two_targets_leaves_the_gauge_under_the_labels_it_came
     assert d.transport.suspensions() == []
     assert value(registry, "sidestep_suspended", target="openai", **opened) == 0
     assert value(registry, "sidestep_suspended", target="oai", **opened) == 0
-
-
-def gauge_by_target(registry: CollectorRegistry) -> dict[str, float]:
-    """The suspended gauge's series added up per target, zeros left out."""
-    found = samples(generate_latest(registry).decode())
-    totals: dict[str, float] = {}
-    for (name, labels), amount in found.items():
-        if name == "sidestep_suspended" and amount:
-            target = dict(labels)["target"]
-            totals[target] = totals.get(target, 0.0) + amount
-    return totals
 
 
 def listed_by_target(rows: list[sidestep.Suspension]) -> dict[str, float]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from ._circuit import State
 from ._routes import Router
-from ._store import ScopeStatus, StateStore
+from ._store import ScopeStatus, StateStore, store_id
 from .logging import emit, listening
 
 __all__ = ["Listing", "StoreUnavailable", "Suspension", "as_json", "matches", "suspensions"]
@@ -64,6 +64,7 @@ def suspensions(
             "suspensions.listed",
             scope_ids=tuple(s.scope_id for s in snapshot),
             listed_at=listed_at,
+            store=store_id(store),
         )
     rows = []
     for s in snapshot:
@@ -170,17 +171,19 @@ class Listing:
         row = _find(self.suspensions(), scope_id)
         if row is None:
             return None
+        at = time.monotonic()
         done = self.store.clear(scope_id)
         self._answered()
-        return _cleared(row, who) if done else None
+        return _cleared(row, who, at, self.store) if done else None
 
     async def aclear(self, scope_id: str, who: str) -> Suspension | None:
         row = _find(await self.asuspensions(), scope_id)
         if row is None:
             return None
+        at = time.monotonic()
         done = await self.store.clear_async(scope_id)
         self._answered()
-        return _cleared(row, who) if done else None
+        return _cleared(row, who, at, self.store) if done else None
 
     def _answered(self) -> None:
         # a shared store that is away serves from its local stand-in (and says so)
@@ -188,7 +191,8 @@ class Listing:
             raise StoreUnavailable
 
 
-def _cleared(row: Suspension, who: str) -> Suspension:
+def _cleared(row: Suspension, who: str, at: float, store: StateStore) -> Suspension:
+    """`at`: when `store` was asked to clear it (`time.monotonic()`)."""
     emit(
         "suspension.cleared",
         logging.WARNING,  # an operator's hand on the circuits: shown where warnings are
@@ -198,6 +202,8 @@ def _cleared(row: Suspension, who: str) -> Suspension:
         scope=row.scope,
         reason=row.reason,
         who=who,
+        cleared_at=at,
+        store=store_id(store),
     )
     return row
 

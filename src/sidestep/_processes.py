@@ -5,8 +5,11 @@ split between workers. gunicorn and uwsgi run one worker unless told otherwise
 (an option, an environment variable, a configuration file); celery's worker runs
 one process per CPU unless its concurrency or pool says otherwise. A configuration
 file is never read (it may be code): when one may set the count, the answer is
-that it is not known. Descriptions name programs, options and variables, never an
-argument's value other than a worker count.
+that it is not known. The command is read as a shell would run it (variables set
+before the program, ``sh -c``, wrappers such as ``env``, ``python -m``, ``sidestep
+run`` or ``ddtrace-run``); a shell script is not read. Descriptions name programs
+(a plain name, else "the command"), options and variables, never an argument's
+value other than a worker count.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ __all__ = ["Processes", "processes"]
 
 _PYTHON = re.compile(r"^python[0-9.]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+# the servers read here, found after a wrapper that runs them
+_SERVERS = frozenset({"gunicorn", "uwsgi", "celery", "uvicorn"})
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash"})
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # a program named, not a value
+# what separates a shell's commands: the last one after `&&` or `;` is the server
+_SEQUENCE = frozenset({"&&", ";"})
 # celery pools that run every task in the worker's own process
 _ONE_PROCESS_POOLS = ("solo", "threads", "gevent", "eventlet")
 # the options that load a uwsgi configuration file
@@ -48,19 +57,38 @@ def processes(
     """What `command` runs, in `environ` (with the ``NAME=value`` of an ``env`` it starts
     with); `exists` tells whether gunicorn would find its default configuration file."""
     words = list(command)
+    if len(words) == 1 and any(ch.isspace() for ch in words[0]):  # quoted as one word
+        inner = _shell_words(words[0])
+        if inner is None:
+            return Processes(None, "a command doctor cannot split into words")
+        words = inner
+    words, environ = _assignments(words, environ, options=False)  # NAME=value cmd
+    if words and words[0] in ("exec", "nohup"):
+        words = words[1:]
     if words and _program(words[0]) == "env":
-        words, environ = _after_env(words[1:], environ)
+        words, environ = _assignments(words[1:], environ, options=True)
+    if words and _program(words[0]) in _SHELLS:
+        return _shell(words[1:], environ, exists)
     if words and _PYTHON.match(_program(words[0])):
         words = _module(words)  # python -m gunicorn ...: gunicorn ...
+    if len(words) > 1 and _program(words[0]) == "sidestep" and words[1] == "run":
+        # sidestep's own launcher (a Procfile's line): the command after its --
+        return processes(words[words.index("--") + 1 :] if "--" in words else [], environ, exists)
     if not words:
         return Processes(False, "no command: one process")
     name, args = _program(words[0]), words[1:]
+    if not _PLAIN_NAME.match(name):
+        name = "the command"  # a word that is not a program's name may be a value
     if name == "gunicorn":
         return _gunicorn(args, environ, exists)
     if name == "uwsgi":
         return _uwsgi(args, environ)
     if name == "celery":
         return _celery(args)
+    if name not in _SERVERS:  # a wrapper: ddtrace-run, uv run, opentelemetry-instrument ...
+        server = next((i for i, word in enumerate(args) if _program(word) in _SERVERS), None)
+        if server is not None:
+            return processes(args[server:], environ, exists)
     given = _option(args, ("--workers", "--processes"), ("-w",))
     if given is not None:
         return _count(name, "worker", given.option, given.value)
@@ -69,17 +97,63 @@ def processes(
     return Processes(False, f"{name} without a worker option: one process")
 
 
-def _after_env(words: list[str], environ: Mapping[str, str]) -> tuple[list[str], Mapping[str, str]]:
-    """The command `env` runs, and its environment: ``-i`` empties it, ``NAME=value`` sets."""
+def _assignments(
+    words: list[str], environ: Mapping[str, str], options: bool
+) -> tuple[list[str], Mapping[str, str]]:
+    """The command after the ``NAME=value`` words that set its environment, and that
+    environment; with `options` (``env``'s), ``-i`` empties it and ``-u NAME`` unsets."""
     changed = dict(environ)
-    while words and (words[0] in ("-i", "--ignore-environment") or _ASSIGNMENT.match(words[0])):
-        word = words.pop(0)
-        if word.startswith("-"):
+    while words:
+        word = words[0]
+        if options and word in ("-i", "--ignore-environment", "-"):
             changed.clear()
-        else:
+        elif options and word in ("-u", "--unset") and len(words) > 1:
+            changed.pop(words[1], None)
+            words = words[1:]
+        elif options and word.startswith(("--unset=", "-u")):
+            changed.pop(word.partition("=")[2] if word.startswith("--") else word[2:], None)
+        elif options and word == "--":
+            return words[1:], changed
+        elif _ASSIGNMENT.match(word):
             name, _, value = word.partition("=")
             changed[name] = value
+        else:
+            break
+        words = words[1:]
     return words, changed
+
+
+def _shell(args: list[str], environ: Mapping[str, str], exists: Callable[[str], bool]) -> Processes:
+    """A shell's ``-c 'COMMANDS'``: the last of its commands (``cd /app && exec
+    gunicorn ...``), read as the shell would run it; a script it runs is not read."""
+    flags = ""
+    while args and args[0].startswith("-") and args[0] not in ("-", "--"):
+        flags += args.pop(0)[1:]
+    if "c" not in flags or not args:
+        return Processes(None, "a shell script, which doctor does not read")
+    words = _shell_words(args[0].replace("\n", ";"))  # one command a line
+    if words is None:
+        return Processes(None, "a shell command doctor cannot split into words")
+    commands: list[list[str]] = [[]]
+    for word in words:
+        if word not in _SEQUENCE:
+            commands[-1].append(word)
+        elif commands[-1]:
+            commands.append([])
+    last = next((command for command in reversed(commands) if command), [])
+    if any(word in ("|", "||", "&", "(", ")") for word in last):
+        return Processes(None, "a shell pipeline or background command: doctor does not follow it")
+    return processes(last, environ, exists)
+
+
+def _shell_words(text: str) -> list[str] | None:
+    """`text` split into words and operators as a POSIX shell does; None when it cannot be."""
+    lexer = shlex.shlex(text, posix=True, punctuation_chars=";&|()")
+    lexer.whitespace_split = True
+    try:
+        return list(lexer)
+    except ValueError:
+        return None
 
 
 def _module(words: list[str]) -> list[str]:
@@ -89,6 +163,8 @@ def _module(words: list[str]) -> list[str]:
     while i < len(words) and words[i].startswith("-"):
         if words[i] == "-m":
             return words[i + 1 :]
+        if words[i].startswith("-m"):  # -mgunicorn
+            return [words[i][2:], *words[i + 1 :]]
         i += 2 if words[i] in ("-W", "-X") else 1
     return words
 

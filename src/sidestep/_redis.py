@@ -178,6 +178,7 @@ class RedisStore:
         self.fingerprint = Fingerprinter(fingerprint_key)
         self._url = url
         self._prefix = prefix
+        self._shared_state = f"redis|{url}|{prefix}"  # `store_id`'s
         self._cluster = cluster
         lease = probe_lease or DEFAULT_PROBE_LEASE
         self._calls = Calls(prefix, ttl, max_scopes, lease, index=not cluster)

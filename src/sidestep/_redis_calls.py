@@ -14,6 +14,7 @@ import functools
 import hashlib
 import math
 import secrets
+import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -215,9 +216,10 @@ class Calls:
         call = self._record_call(ticket, keys, now)
         if keys:
             call.args.extend(_verdict_args(verdict, policy, suspensions))
+        sent = time.monotonic()  # before the script may forget a scope
         _, sick, changes, seq, dropped = yield call
         self._note(origin, sick, int(seq))
-        return (*_transitions(keys, changes), *_forgotten(dropped))
+        return (*_transitions(keys, changes), *_forgotten(dropped, sent))
 
     def release(self, ticket: RedisTicket) -> Steps[None]:
         if ticket.done:
@@ -375,8 +377,8 @@ def _transitions(keys: Sequence[ScopeKey], changes: list[Any]) -> tuple[Transiti
     )
 
 
-def _forgotten(dropped: list[Any]) -> tuple[Transition, ...]:
-    """The suspended scopes the script forgot to stay within ``max_scopes``."""
+def _forgotten(dropped: list[Any], sent: float) -> tuple[Transition, ...]:
+    """The suspended scopes the script forgot to stay within ``max_scopes`` (sent at `sent`)."""
     return tuple(
         Transition(
             scope=_scope_key(ScopeKind(kind), origin, credential, model),
@@ -386,6 +388,7 @@ def _forgotten(dropped: list[Any]) -> tuple[Transition, ...]:
             failures=int(failures),
             retry_in=None,
             forgotten=True,
+            at=sent,
         )
         for _, kind, origin, credential, model, state, reason, failures in dropped
     )

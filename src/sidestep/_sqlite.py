@@ -202,6 +202,7 @@ class SqliteStore(MemoryStore):
             raise ValueError("refresh, ttl and retry_interval must not be negative")
         # Absolute: a process that changes its directory later still finds the same file.
         self._path = os.path.abspath(os.fspath(path))
+        self._shared_state = f"sqlite|{self._path}"  # `store_id`'s
         self._timeout = timeout
         self._refresh = refresh
         self._ttl = ttl

@@ -10,8 +10,11 @@ dictionary look-up: the request's model and credential are never worked out.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
@@ -76,6 +79,21 @@ class Refusal:
     retry_at: float  # math.inf while open until cleared
 
 
+_STATE_KEY = secrets.token_bytes(16)  # store ids mean something in this process alone
+
+
+def store_id(store: object) -> str:
+    """An opaque id of the state a store holds: events about its scopes carry it, so
+    that a listing of one store speaks for that state alone. Two instances of a shared
+    store on one state (a Redis server and prefix, a SQLite file: `_shared_state`) have
+    one id, keyed by a secret of this process (the name may hold a password); any other
+    store is its instance."""
+    shared = getattr(store, "_shared_state", None)
+    if not isinstance(shared, str):
+        return format(id(store), "x")
+    return hashlib.blake2b(shared.encode(), key=_STATE_KEY, digest_size=8).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Transition:
     """A scope changed state: the material of one event.
@@ -83,7 +101,9 @@ class Transition:
     `forgotten`: the store let go of a scope that was not closed (open or
     half-open, `previous`) to stay within its bound; it is healthy again as
     far as admission goes (`state` closed), but never passed a probe. Such a
-    scope may be any target's, not the request's that made room.
+    scope may be any target's, not the request's that made room; `at` is when
+    the store let go of it (`time.monotonic()`, taken before anything else could
+    suspend that scope anew), so that telling it late takes off no newer suspension.
     """
 
     scope: ScopeKey
@@ -93,6 +113,7 @@ class Transition:
     failures: int
     retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
     forgotten: bool = False
+    at: float | None = None  # a forgotten scope's: when the store let go of it (if known)
 
 
 class Admission(NamedTuple):
@@ -440,7 +461,16 @@ class MemoryStore:
             victim = next(iter(entries))
             c = entries[victim]
             self._dropped.append(
-                Transition(victim, State.CLOSED, c.state, c.reason, c.failures, None, True)
+                Transition(
+                    victim,
+                    State.CLOSED,
+                    c.state,
+                    c.reason,
+                    c.failures,
+                    None,
+                    True,
+                    time.monotonic(),
+                )
             )
         self._seq += 1
         self._forget(victim)

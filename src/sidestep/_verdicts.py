@@ -21,7 +21,7 @@ from ._effects import Call
 from ._routes import CompiledTarget
 from ._run import SUCCESS, CoreState, Outcome, Run, remember, skip_status
 from ._scopes import ScopeKind
-from ._store import Admission, Refusal, Ticket, Transition
+from ._store import Admission, Refusal, Ticket, Transition, store_id
 from .logging import emit
 
 __all__ = ["Verdicts"]
@@ -230,6 +230,7 @@ class Verdicts(CoreState):
                 reason=t.reason,
                 failures=t.failures,
                 retry_in_s=t.retry_in,
+                store=store_id(self.store),
             )
 
     def _forgotten(self, t: Transition) -> None:
@@ -246,6 +247,8 @@ class Verdicts(CoreState):
             reason=t.reason,
             failures=t.failures,
             cause="max_scopes",
+            forgotten_at=t.at,
+            store=store_id(self.store),
         )
 
 

@@ -11,6 +11,7 @@ path, a query, userinfo, a credential or a fingerprint.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Mapping
@@ -131,20 +132,25 @@ class Measures:
     """Each event's measurements, by the label rules (one instance per exporter).
 
     Keeps two bounded memories: the unrouted origins labelled so far (at most
-    `max_origins`), and, by scope id, the gauge labels each scope it saw leave
-    ``closed`` was counted under, so that closing, clearing or forgetting it
-    takes the gauge down under those same labels (two models of one target are
-    two scopes; one scope reached through two targets' names is one), with
-    when its last transition was seen: a listing of the store
-    (``suspensions.listed``) takes off the scopes it no longer holds, those
-    seen before it was asked for — not one that opened again meanwhile.
+    `max_origins`), and, by store and scope id, the gauge labels each scope it
+    saw leave ``closed`` was counted under, so that closing, clearing or
+    forgetting it takes the gauge down under those same labels (two models of
+    one target are two scopes; one scope reached through two targets' names is
+    one; one origin in two stores of the process, two), with when its last
+    transition was seen and when it last left ``closed``: a listing of a store
+    (``suspensions.listed``) takes off the scopes of that store it no longer
+    holds, those seen before it was asked for — not one that opened again
+    meanwhile; a clear or forgetting told after the scope left ``closed`` anew
+    is of its former suspension, and takes nothing off.
     """
 
     def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
         self._max_origins = max_origins
         self._origins: set[str] = set()
-        self._suspended: dict[object, tuple[str, str, str]] = {}  # gauge labels, by scope_id
-        self._seen: dict[object, float] = {}  # when each one's last transition came
+        # gauge labels, by store and scope_id (two stores of one process: two scopes)
+        self._suspended: dict[tuple[object, object], tuple[str, str, str]] = {}
+        self._seen: dict[tuple[object, object], float] = {}  # when its last transition came
+        self._born: dict[tuple[object, object], float] = {}  # when last seen leave closed
         self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
@@ -207,11 +213,17 @@ class Measures:
         return OTHER
 
     def _cleared(self, fields: Mapping[str, Any]) -> list[Measure]:
-        """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have."""
-        key = fields.get("scope_id")
+        """A scope cleared by hand, or forgotten: it leaves the gauge as its closing would have
+        — unless it was seen leave closed again after the store let go of it (told late,
+        the let-go is of its former suspension)."""
+        key = (fields.get("store"), fields.get("scope_id"))
+        at = fields.get("forgotten_at", fields.get("cleared_at"))
         with self._lock:
+            if isinstance(at, (int, float)) and self._born.get(key, -math.inf) > at:
+                return []
             labels = self._suspended.pop(key, None)
             self._seen.pop(key, None)
+            self._born.pop(key, None)
         return [] if labels is None else [(SUSPENDED, labels, -1)]
 
     def _listed(self, fields: Mapping[str, Any]) -> list[Measure]:
@@ -219,17 +231,18 @@ class Measures:
         held, listed_at = fields.get("scope_ids"), fields.get("listed_at")
         if not isinstance(held, (tuple, list)) or not isinstance(listed_at, (int, float)):
             return []
-        held = frozenset(held)
+        store, held = fields.get("store"), frozenset(held)
         measures: list[Measure] = []
         with self._lock:
             gone = [
                 key
                 for key in self._suspended
-                if key not in held and self._seen.get(key, 0.0) < listed_at
+                if key[0] == store and key[1] not in held and self._seen.get(key, 0.0) < listed_at
             ]
             for key in gone:
                 measures.append((SUSPENDED, self._suspended.pop(key), -1))
                 self._seen.pop(key, None)
+                self._born.pop(key, None)
         return measures
 
     def _transition(self, fields: Mapping[str, Any]) -> list[Measure]:
@@ -238,7 +251,7 @@ class Measures:
         before = _one_of(fields.get("previous"), _STATES)
         after = _one_of(fields.get("state"), _STATES)
         reason = _one_of(fields.get("reason"), _REASONS)
-        key = fields.get("scope_id")
+        key = (fields.get("store"), fields.get("scope_id"))
         measures: list[Measure] = []
         with self._lock:
             known = self._suspended.get(key)
@@ -246,6 +259,7 @@ class Measures:
                 if known is not None:  # only what this process counted comes off
                     del self._suspended[key]
                     self._seen.pop(key, None)
+                    self._born.pop(key, None)
                     reason = known[2]  # a closing is labelled with what it ends
                     measures.append((SUSPENDED, known, -1))
             else:
@@ -256,6 +270,8 @@ class Measures:
                     measures.append((SUSPENDED, labels, 1))
                     self._suspended[key] = labels
                 if key in self._suspended:
-                    self._seen[key] = time.monotonic()
+                    self._seen[key] = seen = time.monotonic()
+                    if before == _CLOSED:
+                        self._born[key] = seen
         measures.append((TRANSITIONS, (target, scope, before, after, reason), 1))
         return measures
