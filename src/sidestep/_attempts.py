@@ -301,6 +301,11 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     if admission.refusal is not None:
                         self._observe_skip(run, target, admission)
                     if run.last is not None:
+                        if self._closed_since(run):
+                            # closed while this candidate was admitted: it is sent nothing,
+                            # and the request ends with its last failure, as it came
+                            yield from self._let_go(ticket)
+                            break
                         last, run.last = run.last, None
                         yield from self._discard(last)
                         emit(
@@ -329,10 +334,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     # comes back and a response that will not be handed over is closed.
                     if outcome is not None:
                         yield from self._discard(outcome.result)
-                    if self._blocking:
-                        yield Call("release", (ticket,))
-                    else:
-                        self.store.release(ticket)
+                    yield from self._let_go(ticket)
                     raise
                 if outcome.committed:
                     return self._attribute(outcome.result, run, target, index)
@@ -394,6 +396,10 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         first_byte = run.policy.first_byte_timeout
         stall = run.policy.stall_timeout
         received, run.received = run.received, None
+        if received is None and run.attempts > 1 and self._closed_since(run):
+            # closed since the previous attempt (another thread may close a sync client
+            # at any moment): nothing more goes through it, as if closed under this one
+            return Outcome(c11n.CLOSED_LOCALLY, self._closed_error(request))
         now = self.clock()
         if received is None:
             run.sent_at = now  # else `decide` set it, before the shell sent the request
@@ -559,7 +565,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             yield Close(result)
 
     def _closed_error(self, request: Any) -> BaseException:
-        """What a request that the closing of its transport kept from a retry ends with."""
+        """What a request the closing of its transport kept from a retry or the next candidate
+        ends with."""
         error: BaseException = self.flavour.read_error(
             "sidestep: the transport was closed while the request waited to be sent again",
             request=request,

@@ -150,6 +150,13 @@ class Verdicts(CoreState):
         if transitions:
             self._announce(transitions, target, run)
 
+    def _let_go(self, ticket: Ticket) -> Generator[Any, Any, None]:
+        """Give back what an admission took (a probe slot) for a verdict never recorded."""
+        if self._blocking:
+            yield Call("release", (ticket,))
+        else:
+            self.store.release(ticket)
+
     def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
         """Where an unrouted request's result counts: its endpoint first.
 
