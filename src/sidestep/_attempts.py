@@ -92,9 +92,11 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
-        # When the shell's transport was last closed, on this clock: a request in flight
-        # then (its latest attempt sent before) sends nothing more through it.
+        # When the shell's transport was last closed, on this clock, and how many times it
+        # was: a request in flight then (its latest attempt sent before) sends nothing more
+        # through it. The count tells a close from a send the clock cannot order.
         self.closed_at = -math.inf
+        self.closes = 0
         # Unrouted origins: the endpoints that failed since the origin last answered well.
         self._failing: dict[str, set[str]] = {}
         # Routes whose all-suspended episode was logged at WARNING already.
@@ -114,6 +116,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
     def closing(self) -> None:
         """The shell's transport is being closed: a request in flight now sends no more."""
         self.closed_at = self.clock()
+        self.closes += 1
 
     # -- the loop ------------------------------------------------------------------
 
@@ -250,6 +253,9 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         if isinstance(run, Candidates):
             run = self._revive(ready)
         run.received = received
+        # the closes up to its answer: one while it was in flight is told by the
+        # error's chain, or by the clock
+        run.closes_seen = self.closes
         return self.handle(run.request, run)
 
     def handle(self, request: Any, run: Run) -> Generator[Any, Any, Any]:
@@ -403,6 +409,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         now = self.clock()
         if received is None:
             run.sent_at = now  # else `decide` set it, before the shell sent the request
+            run.closes_seen = self.closes
         caller_read = None
         if deadline is not None or first_byte is not None or stall is not None:
             # this attempt's own timeouts, on a copy: the request it was given (the
