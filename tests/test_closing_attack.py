@@ -31,11 +31,9 @@ from sidestep.logging import add_observer, remove_observer
 from test_closing import (
     FAILURE_EVENTS,
     Recorder,
-    closing,
     execute,
     failover_transport,
     flavour_of,
-    retrying,
     settled,
 )
 from upstream import Respond, Upstream
@@ -188,73 +186,3 @@ def test_a_sync_client_closed_as_a_retry_starts_sends_it_nothing(
     )
     assert (a.calls, a.connections, b.calls, b.connections) == (1, 1, 0, 0)
     assert events.names() & FAILURE_EVENTS == set()
-
-
-@pytest.mark.parametrize("kind", ["asyncio", "trio"])
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_a_close_is_seen_on_a_clock_that_did_not_move(
-    flavour: str, kind: str, a: Upstream, b: Upstream
-) -> None:
-    """The transport's clock reads the same at the send and at the close (a fake clock; on
-    Windows before Python 3.13, `time.monotonic()` moves in 15.6 ms ticks): a client closed
-    while A's 503 waits to be retried still ends the request with the flavour's ReadError,
-    and neither A nor B is sent anything more."""
-    h = flavour_of(flavour)
-    a.behaviour = lambda _: Respond(503, body="busy", headers={"retry-after-ms": "500"})
-    module: Any = sidestep.httpx2 if flavour == "httpx2" else sidestep
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold: 1
-        transport = module.AsyncFailoverTransport(
-            retrying(a, b), transport=h.AsyncHTTPTransport(), clock=lambda: 100.0
-        )
-    answered = threading.Event()
-
-    def on_event(event: str, fields: Mapping[str, Any], /) -> None:
-        if event == "attempt.finished" and fields["status"] == 503:
-            answered.set()
-
-    seen: list[tuple[str, Any]] = []
-
-    async def go() -> None:
-        c = h.AsyncClient(transport=transport, timeout=5.0)
-        seen.append(
-            await closing(False, Face(c, False).get(a.url + "/v1/x"), c.aclose, answered.is_set)
-        )
-
-    add_observer(on_event)
-    try:
-        execute(kind, go)
-    finally:
-        remove_observer(on_event)
-    assert seen == [("raised", "ReadError")]
-    assert (a.calls, b.calls, b.connections) == (1, 0, 0)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("flavour", FLAVOURS)
-def test_a_shared_transport_serves_on_after_a_close_on_a_clock_that_did_not_move(
-    flavour: str, kind: str, a: Upstream, b: Upstream
-) -> None:
-    """On a clock that reads the same throughout, a request sent through a shared transport
-    after one of its clients closed it is still retried, fails over and counts."""
-    h, sync = flavour_of(flavour), kind == "sync"
-    a.behaviour = lambda _: Respond(503, body="busy", headers={"retry-after-ms": "50"})
-    module: Any = sidestep.httpx2 if flavour == "httpx2" else sidestep
-    cls = module.FailoverTransport if sync else module.AsyncFailoverTransport
-    inner = h.HTTPTransport() if sync else h.AsyncHTTPTransport()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold: 1
-        transport = cls(retrying(a, b), transport=inner, clock=lambda: 100.0)
-    seen: list[Any] = []
-
-    async def go() -> None:
-        async with Face((h.Client if sync else h.AsyncClient)(transport=transport), sync) as c:
-            seen.append((await c.get(b.url + "/v1/x")).text)
-        async with Face((h.Client if sync else h.AsyncClient)(transport=transport), sync) as c:
-            r = await c.get(a.url + "/v1/x")
-            seen.append((r.status_code, r.text, r.extensions["sidestep"]["attempts"]))
-
-    execute(kind, go)
-    assert seen == ["b", (200, "b", 3)]  # A twice, then B
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
