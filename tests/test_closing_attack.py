@@ -6,7 +6,8 @@ retry waits. These close it in the gaps left: while the next candidate is admitt
 the next candidate or the retry starts (another thread may close a sync client at any
 moment; an observer of the request's events stands in for it, deterministically).
 Plain httpx sends nothing through a closed client, and neither may the request: no
-attempt reaches the next upstream, and no connection is opened in the closed pool.
+attempt reaches the next upstream, and no connection is opened in the closed pool. A
+probe slot the next candidate's admission took comes back at once.
 Each case runs over real sockets on 127.0.0.1.
 """
 
@@ -186,3 +187,59 @@ def test_a_sync_client_closed_as_a_retry_starts_sends_it_nothing(
     )
     assert (a.calls, a.connections, b.calls, b.connections) == (1, 1, 0, 0)
     assert events.names() & FAILURE_EVENTS == set()
+
+
+class HookedMemoryStore(sidestep.MemoryStore):
+    """A memory store that calls `hook` (once) as it admits a request to `origin`."""
+
+    def __init__(self, origin: str) -> None:
+        super().__init__()
+        self.origin = origin
+        self.hook: Callable[[], Any] | None = None
+
+    def admit(self, facts: ScopeFacts, *args: Any) -> Admission:
+        hook = self.hook if facts.origin == self.origin else None
+        if hook is not None:
+            self.hook = None
+            hook()
+        return super().admit(facts, *args)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_probe_admitted_as_the_client_closes_gives_its_slot_back(
+    flavour: str, a: Upstream, b: Upstream
+) -> None:
+    """A and B are half-open. A's probe fails (503) and the GET moves on to B, whose probe
+    is admitted as another thread closes the client: B is sent nothing, and its probe slot
+    comes back at once, so the next request probes B (no request refused until a lease
+    ends) and B's answer closes its circuit."""
+    h = flavour_of(flavour)
+    now = [1000.0]
+    store = HookedMemoryStore(b.url)
+    config = failing_over(a, b)
+    b.behaviour = lambda _: Respond(503, body="busy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold: 1
+        module: Any = sidestep.httpx2 if flavour == "httpx2" else sidestep
+        transport = module.FailoverTransport(
+            config, transport=h.HTTPTransport(), store=store, clock=lambda: now[0]
+        )
+    with h.Client(transport=transport, timeout=5.0) as first:
+        assert first.get(a.url + "/v1/x").status_code == 503  # A, then B: both open
+    now[0] += 3600  # both half-open
+    b.behaviour = lambda _: Respond(body="b")
+    client = h.Client(transport=transport, timeout=5.0)
+
+    def close_from_another_thread() -> None:
+        thread = threading.Thread(target=client.close)
+        thread.start()
+        thread.join(10.0)
+
+    store.hook = close_from_another_thread
+    response = client.get(a.url + "/v1/x")
+    assert (response.status_code, response.text) == (503, "busy")  # A's probe, as it came
+    assert (a.calls, b.calls) == (2, 1)
+    with h.Client(transport=transport, timeout=5.0) as after:
+        response = after.get(a.url + "/v1/x")  # A open again: B's probe
+    assert (response.status_code, response.text) == (200, "b")
+    assert [s.target for s in transport.suspensions()] == ["a"]
