@@ -92,9 +92,11 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
-        # When the shell's transport was last closed, on this clock: a request in flight
-        # then (its latest attempt sent before) sends nothing more through it.
+        # When the shell's transport was last closed, on this clock, and how many times it
+        # was: a request in flight then (its latest attempt sent before) sends nothing more
+        # through it. The count tells a close from a send the clock cannot order.
         self.closed_at = -math.inf
+        self.closes = 0
         # Unrouted origins: the endpoints that failed since the origin last answered well.
         self._failing: dict[str, set[str]] = {}
         # Routes whose all-suspended episode was logged at WARNING already.
@@ -114,6 +116,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
     def closing(self) -> None:
         """The shell's transport is being closed: a request in flight now sends no more."""
         self.closed_at = self.clock()
+        self.closes += 1
 
     # -- the loop ------------------------------------------------------------------
 
@@ -250,6 +253,9 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         if isinstance(run, Candidates):
             run = self._revive(ready)
         run.received = received
+        # the closes up to its answer: one while it was in flight is told by the
+        # error's chain, or by the clock
+        run.closes_seen = self.closes
         return self.handle(run.request, run)
 
     def handle(self, request: Any, run: Run) -> Generator[Any, Any, Any]:
@@ -301,6 +307,11 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     if admission.refusal is not None:
                         self._observe_skip(run, target, admission)
                     if run.last is not None:
+                        if self._closed_since(run):
+                            # closed while this candidate was admitted: it is sent nothing,
+                            # and the request ends with its last failure, as it came
+                            yield from self._let_go(ticket)
+                            break
                         last, run.last = run.last, None
                         yield from self._discard(last)
                         emit(
@@ -329,10 +340,7 @@ class Core(Candidacy, Verdicts, Endings, Watching):
                     # comes back and a response that will not be handed over is closed.
                     if outcome is not None:
                         yield from self._discard(outcome.result)
-                    if self._blocking:
-                        yield Call("release", (ticket,))
-                    else:
-                        self.store.release(ticket)
+                    yield from self._let_go(ticket)
                     raise
                 if outcome.committed:
                     return self._attribute(outcome.result, run, target, index)
@@ -394,9 +402,14 @@ class Core(Candidacy, Verdicts, Endings, Watching):
         first_byte = run.policy.first_byte_timeout
         stall = run.policy.stall_timeout
         received, run.received = run.received, None
+        if received is None and run.attempts > 1 and self._closed_since(run):
+            # closed since the previous attempt (another thread may close a sync client
+            # at any moment): nothing more goes through it, as if closed under this one
+            return Outcome(c11n.CLOSED_LOCALLY, self._closed_error(request))
         now = self.clock()
         if received is None:
             run.sent_at = now  # else `decide` set it, before the shell sent the request
+            run.closes_seen = self.closes
         caller_read = None
         if deadline is not None or first_byte is not None or stall is not None:
             # this attempt's own timeouts, on a copy: the request it was given (the
@@ -559,7 +572,8 @@ class Core(Candidacy, Verdicts, Endings, Watching):
             yield Close(result)
 
     def _closed_error(self, request: Any) -> BaseException:
-        """What a request that the closing of its transport kept from a retry ends with."""
+        """What a request the closing of its transport kept from a retry or the next candidate
+        ends with."""
         error: BaseException = self.flavour.read_error(
             "sidestep: the transport was closed while the request waited to be sent again",
             request=request,

@@ -75,6 +75,7 @@ class Run:
     # each skipped target, its refusal and when it was refused (`skip_status`)
     skipped: tuple[tuple[CompiledTarget, Refusal, float], ...] = ()
     sent_at = 0.0  # when the latest attempt started, on the core's clock
+    closes_seen = -1  # the transport's closes by then (-1: not known, the clock alone tells)
     # What the fast decision (`Core.decide`) left for the rest of the request:
     # the candidate it stopped at and that candidate's admission, or, when the
     # shell may send its request itself (`ready`), what makes its ticket; once
@@ -139,6 +140,7 @@ class CoreState:
     classifier: c11n.Classifier
     via_proxy: Callable[[Any], bool]
     closed_at: float
+    closes: int
     _custom_classifier: bool
     _exact: bool
     _blocking: bool

@@ -66,8 +66,12 @@ class Verdicts(CoreState):
     def _closed_since(self, run: Run) -> bool:
         """Whether the transport was closed after the request's latest attempt was sent:
         the request is in flight on a closed client. (A transport that several clients
-        share serves the requests sent after one of them closed it as before.)"""
-        return self.closed_at > run.sent_at
+        share serves the requests sent after one of them closed it as before.) Told by
+        the clock, and by the count of closes when the core sent that attempt itself or
+        took its answer from the shell: a clock that did not move between the send and
+        the close (a fake one; Windows' before Python 3.13 ticks every 15.6 ms) cannot
+        order them."""
+        return self.closed_at > run.sent_at or 0 <= run.closes_seen < self.closes
 
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
@@ -149,6 +153,13 @@ class Verdicts(CoreState):
             )
         if transitions:
             self._announce(transitions, target, run)
+
+    def _let_go(self, ticket: Ticket) -> Generator[Any, Any, None]:
+        """Give back what an admission took (a probe slot) for a verdict never recorded."""
+        if self._blocking:
+            yield Call("release", (ticket,))
+        else:
+            self.store.release(ticket)
 
     def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
         """Where an unrouted request's result counts: its endpoint first.
