@@ -309,6 +309,12 @@ def headers_signal(h: Any, sync: bool, arrived: threading.Event, **kw: Any) -> A
     return AsyncSignalling(**kw)
 
 
+def assert_only_a_open(transport: Any) -> None:
+    """The one scope the transport holds suspended is target A's, open: its failure counted."""
+    (scope,) = transport.suspensions()
+    assert (scope.target, scope.state) == ("a", "open")
+
+
 def failover_transport(h: Any, sync: bool, config: Any, inner: Any, **kw: Any) -> Any:
     module: Any = sidestep.httpx2 if h is httpx2 else sidestep
     with warnings.catch_warnings():
@@ -497,8 +503,7 @@ def test_a_client_closed_while_a_request_waits_to_retry_sends_nothing_more(
         remove_observer(on_event)
     assert seen == [("raised", "ReadError")]
     assert (a.calls, b.calls) == (1, 0)
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
+    assert_only_a_open(transport)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -523,8 +528,7 @@ def test_a_client_closed_before_a_retry_gets_the_failure_as_it_came(
         remove_observer(on_event)
     assert (response.status_code, response.text) == (503, "busy")
     assert (a.calls, b.calls) == (1, 0)
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
+    assert_only_a_open(transport)
 
 
 @pytest.mark.parametrize("clock", sorted(CLOCKS))
@@ -549,8 +553,7 @@ def test_a_transport_shared_by_clients_serves_on_after_one_of_them_closed_it(
 
     execute(kind, go)
     assert seen == ["b", (200, "b", 3)]  # A twice (503, then 503 after its wait), then B
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
+    assert_only_a_open(transport)
 
 
 # --- a real failure still counts --------------------------------------------------------------
@@ -587,8 +590,7 @@ def test_a_real_reset_or_hangup_still_fails_over_and_counts(
     status, text, names = seen
     assert (status, text) == (200, "b")
     assert {"upstream.failed", "failover", "circuit.opened"} <= names
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
+    assert_only_a_open(transport)
 
 
 @pytest.mark.parametrize("failure", [*sorted(REAL), "cut"])

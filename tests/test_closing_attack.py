@@ -32,6 +32,7 @@ from sidestep.logging import add_observer, remove_observer
 from test_closing import (
     FAILURE_EVENTS,
     Recorder,
+    assert_only_a_open,
     execute,
     failover_transport,
     flavour_of,
@@ -124,8 +125,7 @@ def test_a_client_closed_while_the_next_candidate_is_admitted_sends_it_nothing(
     assert (answer[1]["status"], answer[1]["content"]) == (503, b"busy")
     assert (a.calls, b.calls, b.connections) == (1, 0, 0)
     assert "failover" not in names
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
+    assert_only_a_open(transport)
 
 
 def closed_on(
@@ -168,8 +168,7 @@ def test_a_sync_client_closed_as_the_next_candidate_starts_sends_it_nothing(
     assert (a.calls, b.calls, b.connections) == (1, 0, 0)
     failed = [f["target"] for e, f in events.seen if e == "upstream.failed"]
     assert failed == ["a"]
-    (scope,) = transport.suspensions()
-    assert (scope.target, scope.state) == ("a", "open")
+    assert_only_a_open(transport)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
