@@ -396,6 +396,7 @@ def test_bad_headers_are_refused(headers: object, reason: str) -> None:
 # A header each request makes itself, and why a target may not set it.
 FRAMING = "framing headers are set from the body"
 HOP_BY_HOP = "hop-by-hop headers belong to one connection"
+PROXY_CREDENTIAL = "a proxy's credentials go in the proxy's URL"
 REFUSED_HEADERS = {
     "Content-Length": FRAMING,
     "Transfer-Encoding": FRAMING,
@@ -405,6 +406,7 @@ REFUSED_HEADERS = {
     "TE": HOP_BY_HOP,
     "Trailer": HOP_BY_HOP,
     "Upgrade": HOP_BY_HOP,
+    "Proxy-Authorization": PROXY_CREDENTIAL,
 }
 SPELLINGS = [
     spelled
@@ -415,9 +417,10 @@ SPELLINGS = [
 
 @pytest.mark.parametrize("name", SPELLINGS)
 def test_a_header_each_request_makes_itself_is_refused_in_any_case(name: str) -> None:
-    """The framing headers and the hop-by-hop headers, however spelled, are refused
-    on a target with the header's name and why, never its value: a configured one went out
-    in place of or beside the request's own (a wrong Content-Length breaks the framing)."""
+    """The framing headers, the hop-by-hop headers and Proxy-Authorization, however
+    spelled, are refused on a target with the header's name and why, never its value: a
+    configured one went out in place of or beside the request's own (a wrong Content-Length
+    breaks the framing), or, a proxy's credential, to the upstream itself."""
     with pytest.raises(ValidationError) as caught:
         Target(name="a", url="https://a.example", headers={"accept": "x", name: SECRET})
     shown = everything_shown(caught.value)

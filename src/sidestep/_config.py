@@ -211,6 +211,10 @@ def _origin(url: str) -> str:
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _FRAMING = "framing headers are set from the body"
 _HOP_BY_HOP = "hop-by-hop headers belong to one connection, and the HTTP client sets them"
+_PROXY_CREDENTIAL = (
+    "a proxy's credentials go in the proxy's URL; set on a target they would reach the"
+    " upstream itself (through a proxy's tunnel, or with no proxy at all)"
+)
 # Headers a target may not set (lowercase name -> why): each request's own is made
 # anew, so a configured one would be dropped or sent beside it, breaking the framing.
 # (A target's own Host is allowed: it replaces the one made from its URL.)
@@ -223,6 +227,7 @@ _REFUSED_HEADERS = {
     "te": _HOP_BY_HOP,
     "trailer": _HOP_BY_HOP,
     "upgrade": _HOP_BY_HOP,
+    "proxy-authorization": _PROXY_CREDENTIAL,
 }
 
 
