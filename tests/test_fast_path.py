@@ -406,3 +406,72 @@ async def test_cancelled_fast_send_leaves_nothing_behind(anyio_backend: str) -> 
         release.set()
         response = await client.get("http://llm.internal/v1/models")
         assert response.extensions["sidestep"]["target"] == "primary"
+
+
+def test_both_flavours_have_a_request_s_key_read_by_position() -> None:
+    """The parsed URL of httpx and httpx2 gives (scheme, host, port, path) by position,
+    as a sample shows; a parsed URL whose fields are in another order is read by name,
+    never by a position that would take its userinfo for its host."""
+    import types
+
+    import httpx2
+
+    from sidestep._attempts import _BY_NAME, _BY_POSITION, _key_parts
+
+    assert _key_parts(httpx) is _BY_POSITION
+    assert _key_parts(httpx2) is _BY_POSITION
+
+    class Parsed(tuple[Any, ...]):
+        scheme = property(lambda self: self[1])
+        host = property(lambda self: self[0])
+        port = property(lambda self: self[4])
+        path = property(lambda self: self[3])
+
+    class URL:
+        def __init__(self, text: str) -> None:
+            self._uri_reference = Parsed(("h.example", "http", "user", "/p", 1))
+
+    other = types.ModuleType("other")
+    other.URL = URL  # type: ignore[attr-defined]
+    assert _key_parts(other) is _BY_NAME
+    assert _key_parts(other)(URL("")._uri_reference) == ("http", "h.example", 1, "/p")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_url_with_no_path_is_matched_as_its_root(fast: bool) -> None:
+    """A request to an origin with no path at all ("http://origin.example") is matched as
+    one to "/" is: by a route whose target is the origin itself, failing over to its
+    next target when the first is down, on either path."""
+    config = {
+        "breaker": {"failure_threshold": 2, "cooldown": 10},
+        "routes": [
+            {
+                "name": "root",
+                "targets": [{"name": "origin", "url": ORIGIN}, {"name": "spare", "url": BACKUP}],
+            }
+        ],
+    }
+    down = {"origin.example"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down:
+            return httpx.Response(503)
+        return httpx.Response(200, json={"host": request.url.host, "path": request.url.path})
+
+    transport = sidestep.FailoverTransport(config, transport=httpx.MockTransport(handler))
+    transport._core._fast_path = fast
+    with httpx.Client(transport=transport) as client:
+        for url in (ORIGIN, ORIGIN + "/"):
+            response = client.get(url)
+            assert response.json() == {"host": "backup.example", "path": "/"}
+            assert response.extensions["sidestep"]["target"] == "spare"
+        down.clear()
+        transport.clear(transport.suspensions()[0].scope_id)
+        response = client.get(ORIGIN)
+        assert response.json() == {"host": "origin.example", "path": "/"}
+        assert response.extensions["sidestep"] == {
+            "route": "root",
+            "target": "origin",
+            "attempts": 1,
+            "failover": False,
+        }

@@ -11,9 +11,11 @@ here; what it works out per candidate (`_candidates`), per result
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Generator, Mapping
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from . import _classify as c11n
@@ -36,6 +38,23 @@ from .logging import emit, listening
 __all__ = ["Core"]
 
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+# A request's (scheme, host, port, path), from the parsed URL both flavours keep (its
+# `_uri_reference`, a tuple): by position, in one call, where a sample shows the fields
+# in that order; else by name. The path is still percent-encoded, as it goes on the
+# wire, and empty for a URL with none (`_match` takes it as "/").
+_BY_POSITION = itemgetter(0, 2, 3, 4)
+_BY_NAME = attrgetter("scheme", "host", "port", "path")
+
+
+@functools.cache
+def _key_parts(module: Any) -> Callable[[Any], tuple[Any, ...]]:
+    try:
+        sample = module.URL("http://h.example:1/p")._uri_reference
+        if _BY_POSITION(sample) == ("http", "h.example", 1, "/p"):
+            return _BY_POSITION
+    except Exception:  # noqa: S110 - not the tuple this was written for: by name
+        pass
+    return _BY_NAME
 
 
 def _never(*args: Any) -> Any:
@@ -44,10 +63,6 @@ def _never(*args: Any) -> Any:
 
 class Core(Candidacy, Committing, Endings, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
-
-    # False sends every request down the general path (`handle`) from its start: for
-    # the tests that prove both paths alike.
-    _fast_path = True
 
     def __init__(
         self,
@@ -58,11 +73,16 @@ class Core(Candidacy, Committing, Endings, Watching):
         flavour: Flavour,
         exact_deadlines: bool,
     ) -> None:
+        # False sends every request down the general path (`handle`) from its start: for
+        # the tests that prove both paths alike. (Read per request, so an attribute of the
+        # instance: one of the class is looked up the slow way on every read.)
+        self._fast_path = True
         self.config = as_config(config)
         self.router = Router(self.config)
         self.store: StateStore = store if store is not None else build_store(self.config.store)
         self.clock: Clock = clock or time.monotonic
         self.flavour = flavour
+        self._key_parts = _key_parts(flavour.module)
         self.breaker = self.config.breaker
         self.suspensions = self.config.suspensions
         self.classifier: c11n.Classifier = self.config.classifier or c11n.classify
@@ -137,11 +157,9 @@ class Core(Candidacy, Committing, Endings, Watching):
         """
         url = request.url
         try:
-            # The parsed parts both flavours keep: plain tuple fields, far cheaper
-            # per request than the public properties, which decode on each access.
-            ref = url._uri_reference
-            # the path still percent-encoded, as it goes on the wire
-            key = (ref.scheme, ref.host, ref.port, ref.path or "/")
+            # The parsed parts (`_key_parts`): far cheaper per request than the public
+            # properties, which decode on each access.
+            key = self._key_parts(url._uri_reference)
         except AttributeError:
             key = (url.scheme, url.host, url.port, url.raw_path.decode("ascii").partition("?")[0])
         cands = self._matched.get(key)  # a look-up per (scheme, host, port, path)
@@ -153,7 +171,11 @@ class Core(Candidacy, Committing, Endings, Watching):
             return self._start(request, cands)
         lane = cands.lane
         unhealthy = None  # the lane's origin, when it was found not healthy
-        if lane is not None and self._quick and getattr(request, "_content", None) is not None:
+        try:
+            content = request._content
+        except AttributeError:  # a body still to stream
+            content = None
+        if lane is not None and self._quick and content is not None:
             # Its body in memory already (none, or bytes): a run made after sending sees
             # the body `_start` would have seen before. One still to stream is read ahead
             # or not by `_start`, before it goes: sending may use it up (a generator, a
@@ -163,7 +185,8 @@ class Core(Candidacy, Committing, Endings, Watching):
             if seq is not None:
                 # Admitted as the store would admit it (nothing kept for the origin): its
                 # run and ticket are made only if the request leaves the fast path.
-                return request, cands, seq, self.clock()
+                clock = self.clock  # (an attribute read, then called: cheaper than a method's)
+                return request, cands, seq, clock()
             unhealthy = lane
         run = self._start(request, cands)
         if run.deadline is not None:

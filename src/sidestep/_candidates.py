@@ -8,6 +8,7 @@ where they may go).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ._routes import (
@@ -46,13 +47,13 @@ class Candidacy(CoreState):
     def _match(self, key: tuple[str, str, int | None, str], url: Any) -> Candidates:
         """The candidates of requests to `key` (scheme, host, port, path): the route
         matched, or the request's own origin (its path all of `rest`); remembered."""
-        where, path = key[:3], key[3]
+        where, path = key[:3], key[3] or "/"
         cands = None
         if self.router.routes:
             cands = self.router.match(self._origin(where, url), path)
         if cands is None:
             own = self._own.get(where) or self._own_origin(where, url)
-            cands = own._replace(rest=path)
+            cands = replace(own, rest=path)
         return remember(self._matched, key, cands)  # the same answer every time
 
     def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:

@@ -11,7 +11,7 @@ import json
 from base64 import b64encode
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
 from ._scopes import Fingerprinter, ScopeKey, ScopeKind, ascii_host, is_credential, origin_key
@@ -93,7 +93,8 @@ class CompiledRoute:
     plain: bool = False
 
 
-class Candidates(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Candidates:
     """A request's route (None if unrouted), its candidates in order, the path after the
     prefix, and what follows from them for every request that matches the same way.
 
