@@ -393,6 +393,7 @@ class Core(Candidacy, Committing, Endings, Watching):
         outcome: Outcome | None = None
         for n in range(policy.max_attempts_per_target):
             if outcome is not None:
+                closes = self.closes  # a close from now on cuts the wait short (`Sleep`)
                 if run.body is None or self._closed_since(run):
                     break  # a one-shot body cannot be sent again; a closed transport sends none
                 wait = self._retry_wait(outcome.verdict, policy, n, run)
@@ -400,7 +401,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                     break
                 yield from self._discard(outcome.result)
                 if wait > 0:
-                    yield Sleep(wait)
+                    yield Sleep(wait, closes)
                 if self._closed_since(run):
                     # closed while it waited, its failure let go already: it ends as a
                     # request in flight on a closed client does (the failure still counts)

@@ -8,6 +8,7 @@ httpx2 in `sidestep.httpx2`) by a two-line subclass.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from typing import Any, ClassVar
@@ -59,6 +60,10 @@ class _Shell:
         # False turns this transport into a plain pass-through to the inner one
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
+        # Requests waiting to retry, which a close wakes (`_closing`): a sync one waits on
+        # the condition; an async one's cancel scope is kept with its thread.
+        self._waits = threading.Condition()
+        self._sleeping: dict[anyio.CancelScope, int] = {}
 
     @property
     def inner(self) -> Any:
@@ -124,7 +129,7 @@ class _SyncShell(_Shell):
         return self._drive(core.resume(ready, response)) if answer is None else answer
 
     def close(self) -> None:
-        self._core.closing()
+        self._closing()
         self._inner.close()
 
     # A client used as a context manager enters and exits its transports: the
@@ -134,8 +139,14 @@ class _SyncShell(_Shell):
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._core.closing()
+        self._closing()
         self._inner.__exit__(*exc_info)
+
+    def _closing(self) -> None:
+        """Tell the core, and wake the requests waiting to retry (they send nothing more)."""
+        with self._waits:
+            self._core.closing()
+            self._waits.notify_all()
 
     def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None
@@ -161,7 +172,10 @@ class _SyncShell(_Shell):
         if kind is Close:
             return effect.response.close()
         if kind is Sleep:
-            return time.sleep(effect.seconds)
+            core = self._core
+            with self._waits:  # woken by a close (`_closing`), or one since `effect.closes`
+                self._waits.wait_for(lambda: core.closes != effect.closes, effect.seconds)
+            return None
         if kind is Call:
             return getattr(self._core.store, effect.name)(*effect.args)
         raise TypeError(f"unknown effect {kind.__name__}")
@@ -226,7 +240,7 @@ class _AsyncShell(_Shell):
         return await self._drive(core.resume(ready, response)) if answer is None else answer
 
     async def aclose(self) -> None:
-        self._core.closing()
+        self._closing()
         await self._inner.aclose()
 
     async def __aenter__(self) -> Any:
@@ -234,8 +248,17 @@ class _AsyncShell(_Shell):
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        self._core.closing()
+        self._closing()
         await self._inner.__aexit__(*exc_info)
+
+    def _closing(self) -> None:
+        """Tell the core, and wake the requests waiting to retry in this thread's event loop
+        (one in another's cannot be woken safely from here: it waits on)."""
+        self._core.closing()
+        thread = threading.get_ident()
+        for scope, waiting_in in tuple(self._sleeping.items()):
+            if waiting_in == thread:
+                scope.cancel()
 
     async def asuspensions(self) -> list[Suspension]:
         """`suspensions()` without blocking the event loop on a shared store."""
@@ -281,7 +304,14 @@ class _AsyncShell(_Shell):
             with anyio.CancelScope(shield=True):
                 return await effect.response.aclose()
         if kind is Sleep:
-            return await anyio.sleep(effect.seconds)
+            if self._core.closes == effect.closes:  # else closed since: no wait
+                with anyio.CancelScope() as scope:  # cancelled by a close (`_closing`)
+                    self._sleeping[scope] = threading.get_ident()
+                    try:
+                        await anyio.sleep(effect.seconds)
+                    finally:
+                        del self._sleeping[scope]
+            return None
         if kind is Call:
             call = getattr(self._core.store, effect.name + "_async")
             if effect.name == "admit":
