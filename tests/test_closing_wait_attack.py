@@ -16,6 +16,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ from test_closing import (
     failover_transport,
     flavour_of,
 )
+from test_closing_attack import AdmittingStore
 from test_closing_wait import WAIT, waiting_long
 from upstream import Respond, Upstream, wait_for
 
@@ -433,3 +435,131 @@ def test_a_close_as_the_first_answer_arrives_allows_no_wait_and_no_retry(
         1,
         0,
     )
+
+
+# --- a probe woken from its wait ---------------------------------------------------------------
+
+PROBE_CANCELS = [("asyncio", "cancel"), ("trio", "cancel")]  # a sync caller cannot cancel
+
+
+@pytest.mark.parametrize(
+    ("kind", "ending"),
+    [("sync", "close"), ("asyncio", "close"), ("trio", "close"), *PROBE_CANCELS],
+)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_probe_woken_from_its_retry_wait_leaves_its_slot_free(
+    flavour: str, kind: str, ending: str, a: Upstream, b: Upstream
+) -> None:
+    """A half-open A's one probe is answered 503 with a 30 s `Retry-After` and waits to
+    retry, holding the probe slot, when its client is closed (or, async, its caller
+    cancels it). The probe ends at once; its slot does not stay taken: once A's window
+    has passed again (a close: the 503 counted, A open again) or at once (a
+    cancellation: nothing recorded, A still half-open), the next request through a fresh
+    client is A's probe, and A, well again, answers it."""
+    h = flavour_of(flavour)
+    sync = kind == "sync"
+    now = [100.0]
+    transport = waiting_long(h, sync, a, b, clock=lambda: now[0])
+    # A opens: a 503 whose wait is beyond max_retry_wait fails over to B at once
+    a.behaviour = lambda _: Respond(503, body="busy", headers={"retry-after": "90"})
+    later = serves_b_afterwards(h, sync, transport, a, b)
+    seen: list[str] = []
+
+    async def go() -> None:
+        assert await later() == "b"
+        assert_only_a_open(transport)
+        now[0] += 1000.0  # A's window is over: the next request is its probe
+        a.behaviour = lambda _: Respond(503, body="busy", headers={"retry-after": str(int(WAIT))})
+        if sync:
+            client = h.Client(transport=transport, timeout=5.0)
+            with Answered() as answered:
+                closer = threading.Thread(
+                    target=lambda: (wait_for(lambda: answered.count == 1), client.close())
+                )
+                closer.start()
+                try:
+                    seen.append(await raised(_sync(client.get, a.url + "/v1/x")))
+                finally:
+                    closer.join(10.0)
+        else:
+            aclient = h.AsyncClient(transport=transport, timeout=5.0)
+            outer = anyio.CancelScope()
+            async with anyio.create_task_group() as tasks:
+
+                async def request() -> None:
+                    with outer:
+                        seen.append(await raised(aclient.get(a.url + "/v1/x")))
+
+                tasks.start_soon(request)
+                await until(lambda: len(transport._sleeping) == 1)
+                if ending == "close":
+                    await aclient.aclose()
+                else:
+                    outer.cancel()
+            with anyio.fail_after(1.0):
+                await aclient.aclose()
+            if ending == "cancel":
+                seen.append("cancelled" if outer.cancelled_caught else "not cancelled")
+        assert transport._sleeping == {}
+        (scope,) = transport.suspensions()
+        assert scope.state == ("open" if ending == "close" else "half_open")
+        now[0] += 1000.0
+        a.behaviour = lambda _: Respond(body="a")
+        assert await later() == "a"
+        assert transport.suspensions() == []
+
+    started = time.monotonic()
+    execute(kind, go)
+    assert time.monotonic() - started < WAIT / 2
+    assert seen == ["ReadError" if ending == "close" else "cancelled"]
+    assert (a.calls, b.calls) == (3, 1)
+
+
+# --- a close from inside the transport's own calls --------------------------------------------
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_close_from_a_store_call_wakes_another_threads_wait_without_deadlock(
+    flavour: str, a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """A sync request waits out A's 30 s `Retry-After` in one thread; in another, a
+    request to B is being admitted by a real SQLite store when the transport is closed
+    from inside that admission (the request's own thread, mid-call). Nothing deadlocks:
+    the waiting request ends at once with the ReadError, having sent nothing more, and
+    the request being admitted, sent after the close, is served by B."""
+    h = flavour_of(flavour)
+    store = AdmittingStore(tmp_path / "state.db", b.url)
+    try:
+        transport = waiting_long(h, True, a, b, store=store)
+        client = h.Client(transport=transport, timeout=5.0)
+        store.hook = transport.close
+        seen: list[str] = []
+
+        def waiting() -> None:
+            seen.append(execute_sync(raised(_sync(client.get, a.url + "/v1/x"))))
+
+        with Answered() as answered:
+            thread = threading.Thread(target=waiting)
+            thread.start()
+            try:
+                wait_for(lambda: answered.count == 1, timeout=10.0)
+                started = time.monotonic()
+                with h.Client(transport=transport, timeout=5.0) as other:
+                    text = other.get(b.url + "/v1/x").text
+            finally:
+                thread.join(WAIT * 2)
+            took = time.monotonic() - started
+        assert (seen, text) == (["ReadError"], "b")
+        assert took < WAIT / 3
+        assert (a.calls, b.calls) == (1, 1)
+    finally:
+        store.close()
+
+
+def execute_sync(coroutine: Any) -> Any:
+    """The value of a coroutine that never suspends."""
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    raise AssertionError("suspended")
