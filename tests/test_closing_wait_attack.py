@@ -563,3 +563,46 @@ def execute_sync(coroutine: Any) -> Any:
     except StopIteration as stop:
         return stop.value
     raise AssertionError("suspended")
+
+
+# --- two event loops, one after the other, in one thread ---------------------------------------
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_close_in_a_later_event_loop_of_the_same_thread_leaves_an_earlier_ones_wait(
+    flavour: str, a: Upstream, b: Upstream
+) -> None:
+    """A request waits out A's 1.5 s `retry-after-ms` in an asyncio loop that stopped
+    running (its task left pending); the same thread then closes the transport in a new
+    loop. That close does not reach into the stopped loop: the new loop stays idle (no
+    cancellation delivered over and over to a task that cannot run, spinning it), and
+    the waiting request, once its loop runs again, ends with the ReadError of a request
+    the close found in flight, having sent nothing more."""
+    h = flavour_of(flavour)
+    transport = waiting_long(h, False, a, b)
+    a.behaviour = lambda _: Respond(503, body="busy", headers={"retry-after-ms": "1500"})
+    client = h.AsyncClient(transport=transport, timeout=5.0)
+    first = asyncio.new_event_loop()
+    try:
+
+        async def start() -> Any:
+            task = asyncio.ensure_future(client.get(a.url + "/v1/x"))
+            await until(lambda: len(transport._sleeping) == 1)
+            return task
+
+        task = first.run_until_complete(start())
+        busy: list[float] = []
+
+        async def close_then_idle() -> None:
+            await transport.aclose()
+            started = time.thread_time()
+            await asyncio.sleep(1.0)
+            busy.append(time.thread_time() - started)
+
+        asyncio.run(close_then_idle())
+        assert busy[0] < 0.1  # an idle loop, not one spinning for the whole second
+        assert first.run_until_complete(raised(task)) == "ReadError"
+    finally:
+        first.close()
+    assert (a.calls, b.calls) == (1, 0)
+    assert transport._sleeping == {}

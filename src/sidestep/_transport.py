@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import anyio
 import httpx
+from anyio.lowlevel import EventLoopToken, current_token
 
 from ._attempts import Core
 from ._config import Config
@@ -61,9 +62,9 @@ class _Shell:
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
         # Requests waiting to retry, which a close wakes (`_closing`): a sync one waits on
-        # the condition; an async one's cancel scope is kept with its thread.
+        # the condition; an async one's cancel scope is kept with its event loop.
         self._waits = threading.Condition()
-        self._sleeping: dict[anyio.CancelScope, int] = {}
+        self._sleeping: dict[anyio.CancelScope, EventLoopToken] = {}
 
     @property
     def inner(self) -> Any:
@@ -240,7 +241,7 @@ class _AsyncShell(_Shell):
         return await self._drive(core.resume(ready, response)) if answer is None else answer
 
     async def aclose(self) -> None:
-        self._closing()
+        self._closing(current_token())
         await self._inner.aclose()
 
     async def __aenter__(self) -> Any:
@@ -248,16 +249,16 @@ class _AsyncShell(_Shell):
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        self._closing()
+        self._closing(current_token())
         await self._inner.__aexit__(*exc_info)
 
-    def _closing(self) -> None:
-        """Tell the core, and wake the requests waiting to retry in this thread's event loop
-        (one in another's cannot be woken safely from here: it waits on)."""
+    def _closing(self, loop: EventLoopToken) -> None:
+        """Tell the core, and wake the requests waiting to retry in the closing event loop
+        (one in another — another thread's, or one of this thread's that is not running —
+        cannot be woken from here: it waits on)."""
         self._core.closing()
-        thread = threading.get_ident()
         for scope, waiting_in in tuple(self._sleeping.items()):
-            if waiting_in == thread:
+            if waiting_in == loop:
                 scope.cancel()
 
     async def asuspensions(self) -> list[Suspension]:
@@ -306,7 +307,7 @@ class _AsyncShell(_Shell):
         if kind is Sleep:
             if self._core.closes == effect.closes:  # else closed since: no wait
                 with anyio.CancelScope() as scope:  # cancelled by a close (`_closing`)
-                    self._sleeping[scope] = threading.get_ident()
+                    self._sleeping[scope] = current_token()
                     try:
                         await anyio.sleep(effect.seconds)
                     finally:
