@@ -62,9 +62,9 @@ class _Shell:
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
         # Requests waiting to retry, which a close wakes (`_closing`): a sync one waits on
-        # the condition; an async one's cancel scope is kept with its event loop.
+        # the condition; an async one waits on an event, kept with its event loop.
         self._waits = threading.Condition()
-        self._sleeping: dict[anyio.CancelScope, EventLoopToken] = {}
+        self._sleeping: dict[anyio.Event, EventLoopToken] = {}
 
     @property
     def inner(self) -> Any:
@@ -257,9 +257,9 @@ class _AsyncShell(_Shell):
         (one in another — another thread's, or one of this thread's that is not running —
         cannot be woken from here: it waits on)."""
         self._core.closing()
-        for scope, waiting_in in tuple(self._sleeping.items()):
+        for woken, waiting_in in tuple(self._sleeping.items()):
             if waiting_in == loop:
-                scope.cancel()
+                woken.set()
 
     async def asuspensions(self) -> list[Suspension]:
         """`suspensions()` without blocking the event loop on a shared store."""
@@ -306,12 +306,16 @@ class _AsyncShell(_Shell):
                 return await effect.response.aclose()
         if kind is Sleep:
             if self._core.closes == effect.closes:  # else closed since: no wait
-                with anyio.CancelScope() as scope:  # cancelled by a close (`_closing`)
-                    self._sleeping[scope] = current_token()
-                    try:
-                        await anyio.sleep(effect.seconds)
-                    finally:
-                        del self._sleeping[scope]
+                # An event a close sets (`_closing`), not a cancellation: a caller's own
+                # cancellation landing as well stays the caller's (on Python 3.10 anyio
+                # cannot tell a native one from its scope's, and would swallow it).
+                woken = anyio.Event()
+                self._sleeping[woken] = current_token()
+                try:
+                    with anyio.move_on_after(effect.seconds):
+                        await woken.wait()
+                finally:
+                    del self._sleeping[woken]
             return None
         if kind is Call:
             call = getattr(self._core.store, effect.name + "_async")
