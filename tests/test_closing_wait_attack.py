@@ -266,7 +266,7 @@ def test_an_async_transport_closed_in_one_thread_wakes_only_that_threads_waits(
     """One async transport serves two event loops in two threads, a request of each
     waiting out A's 1.5 s `retry-after-ms`. Closed from the first thread, its own
     request ends at once with the ReadError; the other thread's waits on, undisturbed
-    (no cancellation crosses threads, nothing raises inside sidestep), and ends with the
+    (no wake-up crosses threads, nothing raises inside sidestep), and ends with the
     ReadError of a request the close found in flight. Nothing more is sent."""
     h = flavour_of(flavour)
     transport = waiting_long(h, False, a, b)
