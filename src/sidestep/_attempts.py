@@ -186,7 +186,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                 # Admitted as the store would admit it (nothing kept for the origin): its
                 # run and ticket are made only if the request leaves the fast path.
                 clock = self.clock  # (an attribute read, then called: cheaper than a method's)
-                return request, cands, seq, clock()
+                return request, cands, seq, clock(), self.closes
             unhealthy = lane
         run = self._start(request, cands)
         if run.deadline is not None:
@@ -203,7 +203,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                         self._candidate(run, index, target)
                     run.index, run.seq, run.ready = index, seq, True
                     run.sent_at = self.clock()
-                    return run.sent, run, seq, run.sent_at
+                    return run.sent, run, seq, run.sent_at, self.closes
                 now = self.clock()
                 refused = self._origin_refused(target.origin, self.breaker, now)
                 if refused is not None:
@@ -256,7 +256,7 @@ class Core(Candidacy, Committing, Endings, Watching):
     def _revive(self, ready: Ready) -> Run:
         """The run of a request `decide` let go with no run: as it would have made it
         (its body was in memory before it was sent, and is the same now)."""
-        request, cands, seq, sent_at = ready
+        request, cands, seq, sent_at, _ = ready
         assert isinstance(cands, Candidates)
         run = self._start(request, cands)
         run.seq, run.ready, run.sent_at = seq, True, sent_at
@@ -274,9 +274,10 @@ class Core(Candidacy, Committing, Endings, Watching):
         if isinstance(run, Candidates):
             run = self._revive(ready)
         run.received = received
-        # the closes up to its answer: one while it was in flight is told by the
-        # error's chain, or by the clock
-        run.closes_seen = self.closes
+        # the closes up to its send: one while it was in flight (the answer coming
+        # whole, or an error with nothing of the close in its chain) is told by the
+        # count as by the clock, also by a clock that read the same at both
+        run.closes_seen = ready[4]
         return self.handle(run.request, run)
 
     def handle(self, request: Any, run: Run) -> Generator[Any, Any, Any]:
@@ -393,6 +394,7 @@ class Core(Candidacy, Committing, Endings, Watching):
         outcome: Outcome | None = None
         for n in range(policy.max_attempts_per_target):
             if outcome is not None:
+                closes = self.closes  # a close from now on cuts the wait short (`Sleep`)
                 if run.body is None or self._closed_since(run):
                     break  # a one-shot body cannot be sent again; a closed transport sends none
                 wait = self._retry_wait(outcome.verdict, policy, n, run)
@@ -400,7 +402,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                     break
                 yield from self._discard(outcome.result)
                 if wait > 0:
-                    yield Sleep(wait)
+                    yield Sleep(wait, closes)
                 if self._closed_since(run):
                     # closed while it waited, its failure let go already: it ends as a
                     # request in flight on a closed client does (the failure still counts)

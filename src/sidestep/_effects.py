@@ -55,7 +55,11 @@ class Close:
 
 @dataclass(slots=True)
 class Sleep:
+    """Wait ``seconds`` before the next attempt, or until the transport is closed: not at
+    all when it was closed since the core's count of closes was ``closes``."""
+
     seconds: float
+    closes: int
 
 
 @dataclass(slots=True)

@@ -59,8 +59,9 @@ SUCCESS = Verdict(Kind.SUCCESS, None, None, failover=False)
 # What `Core.decide` hands a shell that may send a request itself: the request to
 # send; the run to settle it with, or, for a request sent as it is to its first
 # candidate, only its candidates (no run is made unless it leaves the fast path);
-# the store's sequence number at admission; when it was sent, on the core's clock.
-Ready = tuple[Any, "Run | Candidates", int, float]
+# the store's sequence number at admission; when it was sent, on the core's clock, and
+# the transport's count of closes then (a close the clock cannot order after it is told).
+Ready = tuple[Any, "Run | Candidates", int, float, int]
 
 
 class Run:

@@ -8,12 +8,14 @@ httpx2 in `sidestep.httpx2`) by a two-line subclass.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from typing import Any, ClassVar
 
 import anyio
 import httpx
+from anyio.lowlevel import EventLoopToken, current_token
 
 from ._attempts import Core
 from ._config import Config
@@ -59,6 +61,10 @@ class _Shell:
         # False turns this transport into a plain pass-through to the inner one
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
+        # Requests waiting to retry, which a close wakes (`_closing`): a sync one waits on
+        # the condition; an async one waits on an event, kept with its event loop.
+        self._waits = threading.Condition()
+        self._sleeping: dict[anyio.Event, EventLoopToken] = {}
 
     @property
     def inner(self) -> Any:
@@ -124,7 +130,7 @@ class _SyncShell(_Shell):
         return self._drive(core.resume(ready, response)) if answer is None else answer
 
     def close(self) -> None:
-        self._core.closing()
+        self._closing()
         self._inner.close()
 
     # A client used as a context manager enters and exits its transports: the
@@ -134,8 +140,14 @@ class _SyncShell(_Shell):
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._core.closing()
+        self._closing()
         self._inner.__exit__(*exc_info)
+
+    def _closing(self) -> None:
+        """Tell the core, and wake the requests waiting to retry (they send nothing more)."""
+        with self._waits:
+            self._core.closing()
+            self._waits.notify_all()
 
     def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
         value: Any = None
@@ -161,7 +173,10 @@ class _SyncShell(_Shell):
         if kind is Close:
             return effect.response.close()
         if kind is Sleep:
-            return time.sleep(effect.seconds)
+            core = self._core
+            with self._waits:  # woken by a close (`_closing`), or one since `effect.closes`
+                self._waits.wait_for(lambda: core.closes != effect.closes, effect.seconds)
+            return None
         if kind is Call:
             return getattr(self._core.store, effect.name)(*effect.args)
         raise TypeError(f"unknown effect {kind.__name__}")
@@ -226,7 +241,7 @@ class _AsyncShell(_Shell):
         return await self._drive(core.resume(ready, response)) if answer is None else answer
 
     async def aclose(self) -> None:
-        self._core.closing()
+        self._closing(current_token())
         await self._inner.aclose()
 
     async def __aenter__(self) -> Any:
@@ -234,8 +249,17 @@ class _AsyncShell(_Shell):
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        self._core.closing()
+        self._closing(current_token())
         await self._inner.__aexit__(*exc_info)
+
+    def _closing(self, loop: EventLoopToken) -> None:
+        """Tell the core, and wake the requests waiting to retry in the closing event loop
+        (one in another — another thread's, or one of this thread's that is not running —
+        cannot be woken from here: it waits on)."""
+        self._core.closing()
+        for woken, waiting_in in tuple(self._sleeping.items()):
+            if waiting_in == loop:
+                woken.set()
 
     async def asuspensions(self) -> list[Suspension]:
         """`suspensions()` without blocking the event loop on a shared store."""
@@ -281,7 +305,18 @@ class _AsyncShell(_Shell):
             with anyio.CancelScope(shield=True):
                 return await effect.response.aclose()
         if kind is Sleep:
-            return await anyio.sleep(effect.seconds)
+            if self._core.closes == effect.closes:  # else closed since: no wait
+                # An event a close sets (`_closing`), not a cancellation: a caller's own
+                # cancellation landing as well stays the caller's (on Python 3.10 anyio
+                # cannot tell a native one from its scope's, and would swallow it).
+                woken = anyio.Event()
+                self._sleeping[woken] = current_token()
+                try:
+                    with anyio.move_on_after(effect.seconds):
+                        await woken.wait()
+                finally:
+                    del self._sleeping[woken]
+            return None
         if kind is Call:
             call = getattr(self._core.store, effect.name + "_async")
             if effect.name == "admit":
