@@ -484,6 +484,17 @@ def test_a_client_closed_while_a_request_waits_to_retry_sends_nothing_more(
     counts."""
     h = flavour_of(flavour)
     transport = busy_for_a_moment(h, False, a, b, **CLOCKS[clock])
+    seen, _ = closed_after_a_503(kind, h, transport, a.url + "/v1/x")
+    assert seen == ("raised", "ReadError")
+    assert (a.calls, b.calls) == (1, 0)
+    assert_only_a_open(transport)
+
+
+def closed_after_a_503(kind: str, h: Any, transport: Any, url: str) -> tuple[Any, float]:
+    """GET `url` through a client of `h` (a sync one when `kind` is "sync") over
+    `transport`, closing the client once a 503 has come back: what the request gave or
+    raised (`settled`), and how long it took."""
+    sync = kind == "sync"
     answered = threading.Event()
 
     def on_event(event: str, fields: Mapping[str, Any], /) -> None:
@@ -491,19 +502,20 @@ def test_a_client_closed_while_a_request_waits_to_retry_sends_nothing_more(
             answered.set()
 
     seen: list[tuple[str, Any]] = []
+    took: list[float] = []
 
     async def go() -> None:
-        c = client_over(h, False, transport)
-        seen.append(await closing(False, c.get(a.url + "/v1/x"), c.close, answered.is_set))
+        c = client_over(h, sync, transport)
+        started = time.monotonic()
+        seen.append(await closing(sync, c.get(url), c.close, answered.is_set))
+        took.append(time.monotonic() - started)
 
     add_observer(on_event)
     try:
         execute(kind, go)
     finally:
         remove_observer(on_event)
-    assert seen == [("raised", "ReadError")]
-    assert (a.calls, b.calls) == (1, 0)
-    assert_only_a_open(transport)
+    return seen[0], took[0]
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

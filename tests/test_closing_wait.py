@@ -10,9 +10,7 @@ and async (closed from another task, under asyncio and trio).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -20,12 +18,10 @@ import pytest
 
 from differential import FLAVOURS, KINDS
 from drivers import route
-from sidestep.logging import add_observer, remove_observer
 from test_closing import (
     CLOCKS,
     assert_only_a_open,
-    client_over,
-    closing,
+    closed_after_a_503,
     execute,
     failover_transport,
     flavour_of,
@@ -59,30 +55,10 @@ def test_a_close_ends_a_request_waiting_to_retry_at_once(
     request back at once — with the flavour's ReadError, well before the wait would
     have ended — and neither A nor B is sent anything more; the 503 counts (A open)."""
     h = flavour_of(flavour)
-    sync = kind == "sync"
-    transport = waiting_long(h, sync, a, b, **CLOCKS[clock])
-    answered = threading.Event()
-
-    def on_event(event: str, fields: Mapping[str, Any], /) -> None:
-        if event == "attempt.finished" and fields["status"] == 503:
-            answered.set()
-
-    seen: list[tuple[str, Any]] = []
-    took: list[float] = []
-
-    async def go() -> None:
-        c = client_over(h, sync, transport)
-        started = time.monotonic()
-        seen.append(await closing(sync, c.get(a.url + "/v1/x"), c.close, answered.is_set))
-        took.append(time.monotonic() - started)
-
-    add_observer(on_event)
-    try:
-        execute(kind, go)
-    finally:
-        remove_observer(on_event)
-    assert seen == [("raised", "ReadError")]
-    assert took[0] < WAIT / 2
+    transport = waiting_long(h, kind == "sync", a, b, **CLOCKS[clock])
+    seen, took = closed_after_a_503(kind, h, transport, a.url + "/v1/x")
+    assert seen == ("raised", "ReadError")
+    assert took < WAIT / 2
     assert (a.calls, b.calls) == (1, 0)
     assert_only_a_open(transport)
 
