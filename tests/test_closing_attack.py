@@ -177,15 +177,18 @@ def test_a_sync_client_closed_as_a_retry_starts_sends_it_nothing(
 ) -> None:
     """With two attempts per target, A's 503 is retried in place; closed as the retry
     starts, the request ends with the flavour's ReadError, and neither A nor B is sent
-    anything more (no connection is opened in the closed pool)."""
-    _, events = closed_on(
+    anything more (no connection is opened in the closed pool). A's 503 counts, as when
+    the close comes during the wait: it is told as a failure and opens A, and nothing
+    fails over."""
+    transport, events = closed_on(
         flavour_of(flavour),
         failing_over(a, b, max_attempts_per_target=2, max_retry_wait=0.05),
         a.url + "/v1/x",
         lambda event, fields: event == "attempt.started" and fields["attempt"] == 2,
     )
     assert (a.calls, a.connections, b.calls, b.connections) == (1, 1, 0, 0)
-    assert events.names() & FAILURE_EVENTS == set()
+    assert_only_a_open(transport)
+    assert events.names() & FAILURE_EVENTS == {"upstream.failed", "circuit.opened"}
 
 
 class HookedMemoryStore(sidestep.MemoryStore):

@@ -1,4 +1,5 @@
-"""Closing a client cuts short a request's wait to be retried.
+"""Closing a client cuts short a request's wait to be retried, and leaves the failure
+before the retry counted however the close falls.
 
 An upstream answers 503 with a long `Retry-After`, which the route waits out
 in place (`max_retry_wait` above it). The client is closed during that wait:
@@ -10,6 +11,7 @@ and async (closed from another task, under asyncio and trio).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -21,7 +23,9 @@ from drivers import route
 from test_closing import (
     CLOCKS,
     assert_only_a_open,
+    client_over,
     closed_after_a_503,
+    closing,
     execute,
     failover_transport,
     flavour_of,
@@ -90,3 +94,40 @@ def test_a_transport_closed_and_used_again_waits_out_a_later_retry(
     assert len(calls) == 2
     assert calls[1] - calls[0] >= 0.25  # the 0.3 s wait, less the clocks' resolution
     assert b.calls == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_close_under_a_retry_in_place_leaves_the_failure_before_it_counted(
+    flavour: str, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A answers 503 with a short `retry-after-ms`, then holds its answer to the retry; the
+    client is closed while that retry is in flight. The request ends with the flavour's
+    ReadError, B is sent nothing, and A's 503 counts (A open), as it does when the close
+    comes during the wait: the close itself is neutral, the failure before it was not."""
+    h = flavour_of(flavour)
+    sync = kind == "sync"
+    gate = threading.Event()
+    first = iter([Respond(503, body="busy", headers={"retry-after-ms": "50"})])
+    a.behaviour = lambda _: next(first, None) or Respond(body="late", gate=gate)
+    config = route(
+        ("a", a.url + "/v1"),
+        ("b", b.url + "/v1"),
+        breaker={"failure_threshold": 1},
+        failover={"max_attempts_per_target": 2},
+    )
+    inner = h.HTTPTransport() if sync else h.AsyncHTTPTransport()
+    transport = failover_transport(h, sync, config, inner)
+    seen: list[tuple[str, Any]] = []
+
+    async def go() -> None:
+        c = client_over(h, sync, transport)
+        seen.append(await closing(sync, c.get(a.url + "/v1/x"), c.close, lambda: a.calls == 2))
+
+    try:
+        execute(kind, go)
+    finally:
+        gate.set()
+    assert seen == [("raised", "ReadError")]
+    assert (a.calls, b.calls) == (2, 0)
+    assert_only_a_open(transport)

@@ -409,7 +409,11 @@ class Core(Candidacy, Committing, Endings, Watching):
                     return Outcome(outcome.verdict, self._closed_error(request))
             run.attempts += 1
             attempt = self._watched_attempt if run.watched else self._attempt
-            outcome = yield from attempt(run, target, request, ticket)
+            failed, outcome = outcome, (yield from attempt(run, target, request, ticket))
+            if failed is not None and outcome.verdict is c11n.CLOSED_LOCALLY:
+                # closed under the retry, or as it was about to go: the failure before it
+                # was real, and counts, as when the close comes during the wait
+                return Outcome(failed.verdict, outcome.result)
             if outcome.committed or not self._retryable(outcome.verdict):
                 return outcome
             if run.attempts >= policy.max_total_attempts or self._expired(run):
