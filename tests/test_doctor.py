@@ -432,9 +432,46 @@ PROCESS_FORMS = {
         "warn",
         "2 workers (WEB_CONCURRENCY)",
     ),
+    "uvicorn and UVICORN_WORKERS": (
+        "uvicorn app:app",
+        {"UVICORN_WORKERS": "4", "WEB_CONCURRENCY": "1"},
+        False,
+        "warn",
+        "4 workers (UVICORN_WORKERS)",
+    ),
+    "uvicorn --workers over UVICORN_WORKERS": (
+        "uvicorn app:app --workers 1",
+        {"UVICORN_WORKERS": "4"},
+        False,
+        "ok",
+        "1 worker (--workers)",
+    ),
+    "uvicorn --reload --workers": (
+        "uvicorn app:app --reload --workers 4",
+        {},
+        False,
+        "ok",
+        "uvicorn reloading on changes: one process",
+    ),
+    "uvicorn and UVICORN_RELOAD": (
+        "uvicorn app:app --workers 4",
+        {"UVICORN_RELOAD": "true"},
+        False,
+        "ok",
+        "uvicorn reloading on changes: one process",
+    ),
+    "uvicorn and UVICORN_RELOAD off": (
+        "uvicorn app:app --workers 4",
+        {"UVICORN_RELOAD": "false"},
+        False,
+        "warn",
+        "4 workers (--workers)",
+    ),
 }
 PROCESS_VARIABLES = (
     "WEB_CONCURRENCY",
+    "UVICORN_WORKERS",
+    "UVICORN_RELOAD",
     "GUNICORN_CMD_ARGS",
     "UWSGI_PROCESSES",
     "UWSGI_WORKERS",
@@ -463,7 +500,8 @@ def test_a_memory_store_follows_the_processes_the_command_runs(
 ) -> None:
     """The store finding warns only when the command runs several processes — gunicorn and
     uwsgi run one unless an option, an environment variable or a configuration file says
-    otherwise, celery's worker one per CPU unless its concurrency or pool says otherwise —
+    otherwise, celery's worker one per CPU unless its concurrency or pool says otherwise,
+    uvicorn one when it reloads on changes, else its workers (from UVICORN_WORKERS too) —
     and is unknown, saying so, when a configuration file it does not read may decide; an
     argument's value (a secret in --env) never shows."""
     for name in PROCESS_VARIABLES:

@@ -27,6 +27,8 @@ _PYTHON = re.compile(r"^python[0-9.]*$")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # the servers read here, found after a wrapper that runs them
 _SERVERS = frozenset({"gunicorn", "uwsgi", "celery", "uvicorn"})
+# What a command-line flag read from a variable takes as yes (click's, for uvicorn's).
+_YES = frozenset({"1", "true", "t", "yes", "y", "on"})
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash"})
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")  # a program named, not a value
 # what separates a shell's commands: the last one after `&&` or `;` is the server
@@ -85,6 +87,8 @@ def processes(
         return _uwsgi(args, environ)
     if name == "celery":
         return _celery(args)
+    if name == "uvicorn":
+        return _uvicorn(args, environ)
     if name not in _SERVERS:  # a wrapper: ddtrace-run, uv run, opentelemetry-instrument ...
         server = next((i for i, word in enumerate(args) if _program(word) in _SERVERS), None)
         if server is not None:
@@ -92,8 +96,6 @@ def processes(
     given = _option(args, ("--workers", "--processes"), ("-w",))
     if given is not None:
         return _count(name, "worker", given.option, given.value)
-    if name == "uvicorn" and "WEB_CONCURRENCY" in environ:  # --workers' default
-        return _count(name, "worker", "WEB_CONCURRENCY", environ["WEB_CONCURRENCY"])
     return Processes(False, f"{name} without a worker option: one process")
 
 
@@ -253,6 +255,26 @@ def _celery(args: list[str]) -> Processes:
         "celery worker with one process per CPU (its default concurrency, unless the"
         " application's worker_concurrency or worker_pool says otherwise)",
     )
+
+
+def _uvicorn(args: list[str], environ: Mapping[str, str]) -> Processes:
+    """One server process with ``--reload`` (its reloader runs one, whatever the workers);
+    else its workers. Its options are read from ``UVICORN_*`` variables too (``--workers``
+    from ``UVICORN_WORKERS``, ``--reload`` from ``UVICORN_RELOAD``), and ``--workers``
+    defaults to ``WEB_CONCURRENCY``."""
+    options = args[: args.index("--")] if "--" in args else args
+    reload = "--reload" in options
+    if not reload and environ.get("UVICORN_RELOAD", "").strip().lower() in _YES:
+        reload = True
+    if reload:
+        return Processes(False, "uvicorn reloading on changes: one process")
+    given = _option(args, ("--workers",), ())
+    if given is not None:
+        return _count("uvicorn", "worker", given.option, given.value)
+    for variable in ("UVICORN_WORKERS", "WEB_CONCURRENCY"):
+        if variable in environ:
+            return _count("uvicorn", "worker", variable, environ[variable])
+    return Processes(False, "uvicorn without a worker option: one process")
 
 
 def _count(name: str, noun: str, where: str, value: str) -> Processes:
