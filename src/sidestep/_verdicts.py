@@ -67,10 +67,10 @@ class Verdicts(CoreState):
         """Whether the transport was closed after the request's latest attempt was sent:
         the request is in flight on a closed client. (A transport that several clients
         share serves the requests sent after one of them closed it as before.) Told by
-        the clock, and by the count of closes when the core sent that attempt itself or
-        took its answer from the shell: a clock that did not move between the send and
-        the close (a fake one; Windows' before Python 3.13 ticks every 15.6 ms) cannot
-        order them."""
+        the clock, and by the count of closes taken when the core sent that attempt, or
+        decided that the shell would send it (`Ready`): a clock that did not move between
+        the send and the close (a fake one; Windows' before Python 3.13 ticks every
+        15.6 ms) cannot order them."""
         return self.closed_at > run.sent_at or 0 <= run.closes_seen < self.closes
 
     def _classify(self, exchange: Exchange) -> Verdict:
