@@ -188,7 +188,7 @@ def _listen(ref: weakref.ref[Mirror], stop: threading.Event) -> None:
         mirror = ref()
         if mirror is None:
             return
-        pause = max(mirror._retry_interval, _MIN_RETRY)
+        pause = _MIN_RETRY
         pubsub = None
         with contextlib.suppress(Exception):  # no node to subscribe on: try again later
             pubsub = mirror._pubsub()
@@ -203,6 +203,8 @@ def _listen(ref: weakref.ref[Mirror], stop: threading.Event) -> None:
             mirror = ref()
             if mirror is not None:
                 mirror._lost(stop)
+                # the interval as it is at the loss (it was read when this try began)
+                pause = max(mirror._retry_interval, _MIN_RETRY)
             del mirror
             if pubsub is not None:
                 with contextlib.suppress(Exception):
