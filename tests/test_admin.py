@@ -16,6 +16,7 @@ import fastapi
 import flask
 import httpx
 import pytest
+from fastapi.middleware.cors import CORSMiddleware
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
@@ -431,3 +432,76 @@ def test_a_clear_whose_answer_redis_never_gives_is_a_503_not_a_404(
         assert answer.status_code == 503
         assert answer.json() == {"error": "store_unavailable"}
     assert "suspension.cleared" not in [event for event, _ in events]
+
+
+def basic(token: str) -> dict[str, str]:
+    return {"authorization": "Basic " + base64.b64encode(f"ops:{token}".encode()).decode()}
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_clear_a_browser_says_comes_from_another_origin_is_refused_whatever_it_carries(
+    setup: Setup, kind: str
+) -> None:
+    """A DELETE whose Sec-Fetch-Site is cross-site or same-site, or (without it) whose Origin is not the app's host, gets 403 with Basic and Bearer credentials alike and the scope stays open; same-origin markers, and requests with no browser marker at all (a script, curl), clear."""
+    setup.fail_primary()
+    scope_id = setup.transport.suspensions()[0].scope_id
+    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+        host = httpx.URL(url).netloc.decode()
+        refused_markers: list[dict[str, str]] = [
+            {"sec-fetch-site": "cross-site"},
+            {"sec-fetch-site": "same-site"},
+            {"sec-fetch-site": "cross-site", "origin": f"http://{host}"},
+            {"origin": "http://evil.example"},
+            {"origin": "null"},
+            {"origin": f"http://{host}.evil.example"},
+        ]
+        for markers in refused_markers:
+            for credential in (basic(TOKEN), bearer(TOKEN)):
+                refused = admin.delete(f"/suspensions/{scope_id}", headers=credential | markers)
+                assert refused.status_code == 403, markers
+                assert refused.json() == {"error": "cross_origin"}
+        assert [row.scope_id for row in setup.transport.suspensions()] == [scope_id]
+        # the page's own button: same-origin, with its Basic credentials
+        same = {"sec-fetch-site": "same-origin", "origin": f"http://{host}"}
+        assert admin.delete(f"/suspensions/{scope_id}", headers=basic(TOKEN) | same).is_success
+        setup.fail_primary()
+        scope_id = setup.transport.suspensions()[0].scope_id
+        only_origin = {"origin": f"http://{host}"}
+        cleared = admin.delete(f"/suspensions/{scope_id}", headers=bearer(TOKEN) | only_origin)
+        assert cleared.is_success
+        setup.fail_primary()
+        scope_id = setup.transport.suspensions()[0].scope_id
+        assert admin.delete(f"/suspensions/{scope_id}", headers=basic(TOKEN)).is_success
+        # reading stays open to any origin the token is good for
+        listed = admin.get("/suspensions", headers=bearer(TOKEN) | refused_markers[0])
+        assert listed.status_code == 200
+
+
+def test_mounted_under_a_permissive_cors_policy_a_cross_origin_clear_is_refused(
+    setup: Setup,
+) -> None:
+    """Mounted in FastAPI behind CORSMiddleware(allow_credentials=True) for a frontend's origin, the preflight passes (the host app answers it) but the DELETE that follows from that origin is refused and the scope stays open."""
+    setup.fail_primary()
+    scope_id = setup.transport.suspensions()[0].scope_id
+    frontend = "http://frontend.example"
+    api = fastapi.FastAPI()
+    api.add_middleware(
+        CORSMiddleware,
+        allow_origins=[frontend],
+        allow_credentials=True,
+        allow_methods=["*"],
+        allow_headers=["*"],
+    )
+    api.mount("/sidestep", setup.asgi())
+    with serve_asgi(api, lifespan="off") as url, httpx.Client(base_url=url) as admin:
+        path = f"/sidestep/suspensions/{scope_id}"
+        preflight = admin.options(
+            path, headers={"origin": frontend, "access-control-request-method": "DELETE"}
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-origin"] == frontend
+        sent = admin.delete(
+            path, headers=basic(TOKEN) | {"origin": frontend, "sec-fetch-site": "cross-site"}
+        )
+        assert sent.status_code == 403
+    assert [row.scope_id for row in setup.transport.suspensions()] == [scope_id]

@@ -12,8 +12,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import fastapi
+import fastapi.responses
 import httpx
 import pytest
+from fastapi.middleware.cors import CORSMiddleware
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -147,5 +150,72 @@ def test_the_page_is_readable_with_scripts_off(a: Upstream, b: Upstream, tmp_pat
             button = driver.find_element(By.CSS_SELECTOR, "tr.open button.clear")
             assert not button.is_enabled()
             assert "Scripts are off" in driver.find_element(By.TAG_NAME, "body").text
+    finally:
+        driver.quit()
+
+
+def test_a_page_of_another_origin_cannot_clear_with_the_operators_cached_credentials(
+    a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """In Chromium, where every request carries the operator's credential (as behind an authenticating proxy), to the admin app mounted in FastAPI under a permissive CORSMiddleware(allow_credentials=True), a script on an allowed other origin reads the suspensions cross-origin but its DELETE is refused (403) and the scope stays open; the admin page's own Clear still works."""
+    a.behaviour = lambda seen: Respond(503, b"down")
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    api = fastapi.FastAPI()
+    api.add_middleware(
+        CORSMiddleware,
+        allow_origin_regex=r"http://localhost:\d+",
+        allow_credentials=True,
+        allow_methods=["*"],
+        allow_headers=["*"],
+    )
+    api.mount("/sidestep", sidestep.admin.app(transport, token=TOKEN))
+
+    @api.get("/frontend")
+    def frontend() -> fastapi.responses.HTMLResponse:
+        return fastapi.responses.HTMLResponse("<!doctype html><title>frontend</title>")
+
+    driver = _browser(tmp_path / "profile")
+    try:
+        with httpx.Client(transport=transport) as client, serve_asgi(api, lifespan="off") as url:
+            assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+            (row,) = transport.suspensions()
+            port = httpx.URL(url).port
+            driver.get(f"http://127.0.0.1:{port}/sidestep/")
+            WebDriverWait(driver, 10, poll_frequency=0.05).until(
+                lambda d: _row_of(d, "primary") == "open"
+            )
+            # another origin (localhost is not 127.0.0.1) that the host app's CORS allows
+            driver.get(f"http://localhost:{port}/frontend")
+            script = """
+                const done = arguments[arguments.length - 1];
+                const at = arguments[0];
+                Promise.all([
+                  fetch(at + "/sidestep/suspensions", {credentials: "include"}),
+                  fetch(at + "/sidestep/suspensions/" + arguments[1],
+                        {method: "DELETE", credentials: "include"}),
+                ]).then(rs => done(rs.map(r => r.status)), e => done(String(e)));
+            """
+            statuses = driver.execute_async_script(script, f"http://127.0.0.1:{port}", row.scope_id)
+            assert statuses == [
+                200,
+                403,
+            ]  # the credentials did ride along: only the change is refused
+            assert [r.scope_id for r in transport.suspensions()] == [row.scope_id]
+            # the page itself (same origin, same cached credentials) still clears
+            driver.get(f"http://127.0.0.1:{port}/sidestep/")
+            wait = WebDriverWait(
+                driver,
+                10,
+                poll_frequency=0.05,
+                ignored_exceptions=(StaleElementReferenceException,),
+            )
+
+            def click_clear(d: webdriver.Chrome) -> bool:
+                d.find_element(By.CSS_SELECTOR, "tr.open button.clear").click()
+                return True
+
+            wait.until(click_clear)
+            wait.until(lambda d: _row_of(d, "primary") == "healthy")
+            assert transport.suspensions() == []
     finally:
         driver.quit()

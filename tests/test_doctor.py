@@ -3,13 +3,17 @@ calls an upstream (only --online talks, and only to the configured Redis)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from sidestep import ConfigError, load_config
 from sidestep._cli import main
 from upstream import Upstream, free_port
 
@@ -598,3 +602,104 @@ def test_a_command_as_a_shell_would_run_it(
     assert store["status"] == status, (store["reason"], err)
     assert words in store["reason"]
     assert SECRET not in store["reason"] + err
+
+
+@pytest.mark.parametrize(
+    "count",
+    ["²", "٣", "1" + "0" * 5000, "9" * 7, "-4", "4.0", "0x4", "", " 4", "4\n"],
+)
+@pytest.mark.parametrize(
+    "command",
+    ["gunicorn -w {} app:app", "uvicorn app:app --workers={}", "celery -A t worker -c {}"],
+)
+def test_a_worker_count_that_is_no_plain_number_is_unknown_never_a_crash(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, count: str, command: str
+) -> None:
+    """A worker count written with non-ASCII digits, thousands of digits or anything but a plain short number makes the store finding unknown (exit 0), never a traceback."""
+    words = command.split()
+    words = [w.replace("{}", count) for w in words]
+    status, found, err = doctor(capsys, tmp_path, "routes: []", "--", *words)
+    assert status == 0, err
+    (store,) = found["store"]
+    assert store["status"] == "unknown", store["reason"]
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "breaker: " + "[" * 400 + "]" * 400,
+        "breaker: " + "{a: " * 400 + "1" + "}" * 400,
+        "routes:\n" + "".join("  " * i + "- \n" for i in range(300)),
+        "a: &x [1]\n" + "b: " + "[" * 70 + "*x" + "]" * 70,
+    ],
+    ids=["flow-lists", "flow-maps", "block-lists", "just-past-the-limit"],
+)
+def test_yaml_nested_hundreds_of_levels_deep_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, document: str
+) -> None:
+    """A document nested deeper than a configuration ever is: load_config raises ConfigError naming the file and the depth (no RecursionError), and doctor exits 2 with one line."""
+    path = tmp_path / "deep.yaml"
+    path.write_text(document)
+    with pytest.raises(ConfigError, match=r"deep\.yaml: the document is nested more than 64"):
+        load_config(path)
+    status, found, err = doctor(capsys, tmp_path, document)
+    assert (status, found) == (2, {})
+    assert "nested more than 64 levels" in err and "Traceback" not in err
+
+
+def test_yaml_nested_as_deep_as_a_real_configuration_still_loads(tmp_path: Path) -> None:
+    """The depth limit leaves room for any real configuration: a target's JSON override nested 50 levels loads."""
+    nested = "{a: " * 50 + "1" + "}" * 50
+    path = tmp_path / "ok.yaml"
+    path.write_text(
+        f"routes: [{{name: r, targets: [{{name: t, url: 'https://h.example', json: {nested}}}]}}]"
+    )
+    assert load_config(path).routes[0].targets[0].json_fields["a"]["a"]["a"] is not None
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.text(max_size=300).map(lambda t: t.encode("utf-8")),
+        st.text(max_size=120).map(lambda t: t.encode("utf-16")),
+        st.recursive(
+            st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=8)),
+            lambda inner: st.one_of(
+                st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)
+            ),
+            max_leaves=40,
+        ).map(lambda v: json.dumps({"breaker": v, "routes": v}).encode()),
+    )
+)
+def test_any_bytes_as_a_configuration_load_or_fail_as_a_config_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, data: bytes
+) -> None:
+    """Whatever a file holds (any bytes, odd encodings, YAML of any shape), load_config returns a Config or raises ConfigError, and doctor exits 0 or 2 — never another exception."""
+    path = tmp_path / "fuzz.yaml"
+    path.write_bytes(data)
+    with contextlib.suppress(ConfigError):
+        load_config(path)
+    status = main(["doctor", "-c", str(path), "--json"])
+    capsys.readouterr()
+    assert status in (0, 2)
+
+
+def test_online_with_the_store_address_unset_is_unknown_and_contacts_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--online with `${REDIS_URL}` (or a variable inside the URL) unset reports the store unknown, saying its address is not set, and pings no made-up host."""
+    monkeypatch.delenv("DOCTOR_REDIS_URL", raising=False)
+    monkeypatch.delenv("DOCTOR_REDIS_HOST", raising=False)
+    asked: list[Any] = []
+    monkeypatch.setattr("redis.Redis.from_url", lambda *a, **k: asked.append(a))
+    for url in ("${DOCTOR_REDIS_URL}", "redis://${DOCTOR_REDIS_HOST}:6379/0"):
+        yaml = f'store: {{redis: {{url: "{url}", fingerprint_key: k}}}}'
+        status, found, err = doctor(capsys, tmp_path, yaml, "--online")
+        assert status == 0, err
+        (store,) = found["store"]
+        assert store["status"] == "unknown" and "not set" in store["reason"], store
+    assert asked == []

@@ -280,3 +280,80 @@ def test_the_cli_says_what_is_wrong_with_an_admin_url_or_token_without_a_traceba
         capsys, "suspensions", "--admin-url", "http://127.0.0.1:1", "--token-env", "ADMIN_TOKEN"
     )
     assert status == 2 and "holds no usable token" in err and "tökén" not in err
+
+
+def test_a_clear_from_a_shell_leaves_its_audit_record_on_stderr(redis_setup: Redis) -> None:
+    """`sidestep clear` run as a command writes the `suspension.cleared` audit line (scope, route, target, the user) on stderr, while stdout keeps only its answer."""
+    scope_id = redis_setup.fail_primary()
+    done = subprocess.run(  # noqa: S603  # our own interpreter and module
+        [sys.executable, "-m", "sidestep", "clear", "-c", str(redis_setup.path), scope_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"cleared {scope_id}: route chat, target primary")
+    (audit,) = [line for line in done.stderr.splitlines() if "suspension.cleared" in line]
+    assert f"scope_id={scope_id}" in audit and "route=chat" in audit
+    assert "target=primary" in audit and "who=cli:" in audit
+    assert CREDENTIAL not in done.stderr and "key=q" not in done.stderr
+
+
+def test_the_audit_line_quotes_a_value_that_could_forge_a_pair(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A value with spaces, an equals sign, quotes or a line break (a forwarded-for peer, say) is quoted and escaped in the key=value line, so it reads as one value and never as route=/target= pairs or a second line."""
+    import logging
+
+    from sidestep.logging import emit
+
+    forged = 'ops@10.0.0.1 route=other target=primary\nsidestep: WARNING fake "x"'
+    with caplog.at_level(logging.WARNING, logger="sidestep"):
+        emit("suspension.cleared", logging.WARNING, route="chat", target="backup", who=forged)
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert "\n" not in message
+    assert message == ("suspension.cleared route=chat target=backup who=" + json.dumps(forged))
+
+
+def test_the_admin_url_never_goes_through_a_proxy_and_plain_http_elsewhere_warns(
+    tmp_path: Path,
+    a: Upstream,
+    b: Upstream,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With HTTP_PROXY, HTTPS_PROXY and ALL_PROXY set, --admin-url talks to the admin app directly (the proxy sees nothing, so never the token); a plain http:// URL to a host that is not loopback warns on stderr, a loopback one does not."""
+    from proxy import running_proxy
+
+    monkeypatch.setenv("CLI_TEST_KEY", CREDENTIAL)
+    monkeypatch.setenv("ADMIN_TOKEN", "cli-admin-token-0123456789")
+    for variable in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    path = write_config(tmp_path / "memory.yaml", a, b, "store: {memory: {max_scopes: 100}}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        transport = sidestep.FailoverTransport(sidestep.load_config(path))
+    app = sidestep.admin.app(transport, token="cli-admin-token-0123456789")
+    with running_proxy() as proxy, serve_asgi(app, lifespan="off") as url:
+        for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "all_proxy"):
+            monkeypatch.setenv(variable, proxy.url)
+        status, out, err = run(
+            capsys, "suspensions", "--admin-url", url, "--token-env", "ADMIN_TOKEN", "--json"
+        )
+        assert status == 0, err
+        assert json.loads(out)["suspensions"] == []
+        assert proxy.seen == []
+        assert "unencrypted" not in err
+    status, _, err = run(
+        capsys,
+        "suspensions",
+        "--admin-url",
+        "http://admin.example:99999",
+        "--token-env",
+        "ADMIN_TOKEN",
+    )
+    assert status == 1
+    assert "unencrypted over http://" in err and "cli-admin-token" not in err

@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl
 
 from ._listing import Suspension, as_json, matches
 
-__all__ = ["Answer", "ClearRow", "ListRows", "Token", "handle", "tokens_of"]
+__all__ = ["Answer", "ClearRow", "ListRows", "Origins", "Token", "handle", "tokens_of"]
 
 _FILTERS = ("route", "target", "reason")
 _PAGE = Path(__file__).with_name("_admin_page.html").read_text(encoding="utf-8")
@@ -106,6 +106,16 @@ _Steps = Generator[ListRows | ClearRow, Any, Answer]
 _ANONYMOUS = Token("anonymous", "-")
 
 
+@dataclass(frozen=True, slots=True)
+class Origins:
+    """What a request says of where it comes from: its ``Origin``, ``Sec-Fetch-Site`` and
+    ``Host`` headers (None for each it lacks)."""
+
+    origin: str | None = None
+    fetch_site: str | None = None
+    host: str | None = None
+
+
 def handle(
     method: str,
     path: str,
@@ -114,11 +124,18 @@ def handle(
     peer: str,
     base: str,
     tokens: tuple[Token, ...],
+    origins: Origins = Origins(),
 ) -> _Steps:
     """Answer one request; `path` is below the app's mount point, `base` that mount point."""
     who = _ANONYMOUS if not tokens else _authorise(authorization, tokens)
     if who is None:
         return _unauthorised(path)
+    if method not in _SAFE_METHODS and _cross_site(origins):
+        # A browser attaches an operator's cached Basic credentials (or an authenticating
+        # proxy its bearer header) to whatever a page sends, and a host app's CORS policy
+        # may let another origin's script send a DELETE: a change that a browser says
+        # comes from another origin is refused, whatever it carries.
+        return _json(403, {"error": "cross_origin"})
     if path in ("", "/"):
         if method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
@@ -150,6 +167,32 @@ def handle(
             return _json(404, {"error": "not_found"})
         return _json(200, as_json(row, now, time.time()))
     return _json(404, {"error": "not_found"})
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _cross_site(origins: Origins) -> bool:
+    """Whether a browser says the request comes from another origin than the app's own.
+
+    ``Sec-Fetch-Site`` decides where a browser sends it; else ``Origin`` (sent with
+    every state-changing fetch) must name this app's host and port, as ``Host`` does
+    (the scheme is left out: a proxy in front may end TLS). A request with neither
+    header comes from no browser page (a script, curl).
+    """
+    site = origins.fetch_site
+    if site is not None:
+        return site.strip().lower() not in ("same-origin", "none")
+    origin = origins.origin
+    if origin is None:
+        return False
+    _, found, authority = origin.strip().lower().partition("://")
+    host = _without_default_port((origins.host or "").strip().lower())
+    return not (found and host) or _without_default_port(authority) != host
+
+
+def _without_default_port(authority: str) -> str:
+    return authority.removesuffix(":80").removesuffix(":443")
 
 
 def _authorise(authorization: str | None, tokens: tuple[Token, ...]) -> Token | None:

@@ -72,7 +72,7 @@ def diagnose(
     *,
     unset: Sequence[str] = (),
     command: Sequence[str] = (),
-    ping: Callable[[], bool] | None = None,
+    ping: Callable[[], bool | None] | None = None,
 ) -> list[Finding]:
     """Every finding about `config`, in a stable order.
 
@@ -368,7 +368,7 @@ def _variables(unset: Sequence[str]) -> Iterator[Finding]:
 
 
 def _store(
-    store: StoreSettings, command: Sequence[str], ping: Callable[[], bool] | None
+    store: StoreSettings, command: Sequence[str], ping: Callable[[], bool | None] | None
 ) -> Iterator[Finding]:
     if store.kind == "memory":
         yield _memory(command)
@@ -391,7 +391,16 @@ def _store(
                 f"redis store at {server}: not contacted (--online pings it)",
                 ("store.redis.url",),
             )
-        elif ping():
+            return
+        answered = ping()
+        if answered is None:
+            yield Finding(
+                UNKNOWN,
+                "store",
+                "redis store: not contacted, its address is not set here",
+                ("store.redis.url",),
+            )
+        elif answered:
             yield Finding(OK, "store", f"redis store at {server} answers", ("store.redis.url",))
         else:
             yield Finding(

@@ -11,15 +11,19 @@ and keys, never a credential, a URL path or a query.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ipaddress
 import json
+import logging
 import os
 import re
 import sys
 import time
 import warnings
 from collections import ChainMap
+from collections.abc import Iterator
 from typing import Any, TextIO
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ._config import (
     Config,
@@ -38,6 +42,10 @@ __all__ = ["add_doctor", "add_operations", "doctor", "operate"]
 
 _USAGE = 2
 _FAILED = 1
+# What an unset ${VAR} stands in as, so that the rest of a configuration validates: a
+# host for a whole URL, a word for a variable inside a longer value.
+_UNSET_HOST = "unset.invalid"
+_UNSET_VALUE = "unset-placeholder"
 _COLUMNS = ("scope_id", "route", "target", "scope", "state", "reason", "failures", "retry_in")
 
 
@@ -135,7 +143,8 @@ def operate(args: argparse.Namespace, out: TextIO | None = None) -> int:
     try:
         view = Listing(store, Router(config))
         if args.command == "clear":
-            row = view.clear(args.scope_id, who=f"cli:{_user()}")
+            with _audit_to_stderr():
+                row = view.clear(args.scope_id, who=f"cli:{_user()}")
             result = None if row is None else as_json(row, view.clock(), time.time())
             payload: dict[str, Any] = {"cleared": result}
         else:
@@ -165,10 +174,17 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
         # a header cannot carry it; the message never quotes it
         return _fail(name, f"environment variable {args.token_env!r} holds no usable token", _USAGE)
     base = args.admin_url.rstrip("/")
+    if _in_clear(base):
+        print(
+            f"{name}: warning: the token goes unencrypted over http:// to a host that is"
+            " not this machine; use https://",
+            file=sys.stderr,
+        )
     headers = {"authorization": f"Bearer {token}"}
     payload: Any = None
     try:
-        with httpx.Client(headers=headers, timeout=10.0) as client:
+        # trust_env off: no HTTP(S)_PROXY, no .netrc — the token goes to the admin app alone
+        with httpx.Client(headers=headers, timeout=10.0, trust_env=False) as client:
             if args.command == "clear":
                 response = client.delete(f"{base}/suspensions/{quote(args.scope_id, safe='')}")
                 if response.status_code == 404 and _not_found(response):
@@ -190,6 +206,23 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
     if not _admin_answer(payload):
         return _fail(name, "the URL answered, but not as sidestep's admin app", _FAILED)
     return _show(args, payload, out)
+
+
+def _in_clear(url: str) -> bool:
+    """Whether `url` is plain http:// to a host other than a loopback address."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+    except ValueError:
+        return False  # no URL at all: the request fails before anything is sent
+    if parts.scheme.lower() != "http":
+        return False
+    if host == "localhost" or host.endswith(".localhost"):
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True  # a name: it may resolve anywhere
 
 
 def _not_found(response: Any) -> bool:
@@ -243,6 +276,34 @@ def _cell(row: dict[str, Any], column: str) -> str:
     return "-" if value is None else str(value)
 
 
+@contextlib.contextmanager
+def _audit_to_stderr() -> Iterator[None]:
+    """The clear's audit record (``suspension.cleared``, WARNING) on stderr, where a shell
+    keeps it, unless the logging of this process already sends sidestep's records on."""
+    logger = logging.getLogger("sidestep")
+    if _handled(logger):
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("sidestep: %(levelname)s %(message)s"))
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def _handled(logger: logging.Logger) -> bool:
+    """Whether a record of `logger` at WARNING reaches a handler other than a NullHandler."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, logging.NullHandler) for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 def _user() -> str:
     try:
         import getpass
@@ -273,7 +334,7 @@ def doctor(args: argparse.Namespace, out: TextIO | None = None) -> int:
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
-    ping = _pinger(config) if args.online else None
+    ping = _pinger(config, unset) if args.online else None
     findings = [
         *(Finding(WARN, "config", message) for message in warned),
         *diagnose(config, unset=unset, command=command, ping=ping),
@@ -322,7 +383,7 @@ def _load_leniently(path: str) -> tuple[Config, list[str], list[str]]:
 def _validated(data: dict[str, Any], unset: list[str], path: str) -> tuple[Config, list[str]]:
     """The configuration with placeholders for the unset variables; its own warnings."""
     data = _url_placeholders(data, set(unset), in_store=False)
-    environ = ChainMap(dict.fromkeys(unset, "unset-placeholder"), dict(os.environ))
+    environ = ChainMap(dict.fromkeys(unset, _UNSET_VALUE), dict(os.environ))
     try:
         data = _interpolate(data, (), environ)
     except _UnresolvedReference as exc:
@@ -352,6 +413,12 @@ def _lone(value: Any, unset: set[str]) -> bool:
     return ref is not None and ref[1] in unset
 
 
+def _store_url_unset(config: Config, unset: list[str]) -> bool:
+    """Whether the store's URL stands in for an unset variable (`_url_placeholders`)."""
+    url = str(getattr(config.store.options, "url", ""))
+    return bool(unset) and (_UNSET_HOST in url or _UNSET_VALUE in url)
+
+
 def _url_placeholders(node: Any, unset: set[str], *, in_store: bool) -> Any:
     """An unset ``url: ${VAR}`` stands in as a URL of the right kind, so the rest validates."""
     if isinstance(node, list):
@@ -362,17 +429,20 @@ def _url_placeholders(node: Any, unset: set[str], *, in_store: bool) -> Any:
     for key, value in node.items():
         ref = re.fullmatch(r"\$\{(\w+)\}", value) if isinstance(value, str) else None
         if key == "url" and ref and ref[1] in unset:
-            out[key] = "redis://unset.invalid" if in_store else "https://unset.invalid"
+            scheme = "redis" if in_store else "https"
+            out[key] = f"{scheme}://{_UNSET_HOST}"
         else:
             out[key] = _url_placeholders(value, unset, in_store=in_store or key == "store")
     return out
 
 
-def _pinger(config: Config) -> Any:
+def _pinger(config: Config, unset: list[str]) -> Any:
     if config.store.kind != "redis":
         return None
 
-    def ping() -> bool:
+    def ping() -> bool | None:
+        if _store_url_unset(config, unset):
+            return None  # its address is a stand-in: there is nothing to ask
         import redis
 
         from ._store_config import plain_redis_url

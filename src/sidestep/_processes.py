@@ -277,10 +277,17 @@ def _uvicorn(args: list[str], environ: Mapping[str, str]) -> Processes:
     return Processes(False, "uvicorn without a worker option: one process")
 
 
+_MAX_DIGITS = 6
+
+
 def _count(name: str, noun: str, where: str, value: str) -> Processes:
     """`name` running `value` (set by `where`) of `noun`."""
-    if not value.isdigit():
+    # ASCII digits only ('²' is a digit to str.isdigit, not to int), and few of them:
+    # int() refuses thousands, and no machine runs a million workers
+    if not (value.isascii() and value.isdigit()):
         return Processes(None, f"{name}, whose {where} is not a number here")
+    if len(value.lstrip("0")) > _MAX_DIGITS:
+        return Processes(None, f"{name}, whose {where} is not a plausible count")
     count = int(value)
     plural = "" if count == 1 else "es" if noun.endswith("s") else "s"
     return Processes(count > 1, f"{name} with {count} {noun}{plural} ({where})")

@@ -20,8 +20,29 @@ from ._errors import ConfigError
 __all__ = ["_UnresolvedReference", "_interpolate", "_parse_yaml"]
 
 
+# A configuration nests a handful of levels; PyYAML composes nodes recursively, so a
+# document nested a few hundred levels deep would exhaust the interpreter's stack.
+_MAX_DEPTH = 64
+
+
+class _TooDeep(Exception):
+    pass
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe loader that refuses a key given twice in one mapping instead of keeping the last."""
+    """A safe loader that refuses a key given twice in one mapping instead of keeping the
+    last, and a document nested deeper than `_MAX_DEPTH`."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > _MAX_DEPTH:
+                raise _TooDeep
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
@@ -48,8 +69,9 @@ _MAX_VALUES = 100_000
 
 
 def _parse_yaml(text: str, source: str) -> object:
-    loader = _UniqueKeyLoader(text)
+    loader = None
     try:
+        loader = _UniqueKeyLoader(text)  # reads the text at once: a NUL is refused here
         data = loader.get_single_data()
         if _expanded_size(data, {}) > _MAX_VALUES:
             raise ConfigError(
@@ -65,8 +87,13 @@ def _parse_yaml(text: str, source: str) -> object:
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
     except yaml.YAMLError:
         raise ConfigError(f"{source}: invalid YAML (an unacceptable character)") from None
+    except (_TooDeep, RecursionError):
+        raise ConfigError(
+            f"{source}: the document is nested more than {_MAX_DEPTH} levels deep"
+        ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _expanded_size(node: object, sizes: dict[int, int]) -> int:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._admin import Answer, ListRows, Token, handle, tokens_of
+from ._admin import Answer, ListRows, Origins, Token, handle, tokens_of
 from ._config import Config, as_config
 from ._listing import Listing, StoreUnavailable
 from ._routes import Router
@@ -95,6 +95,11 @@ def app(
             f"{client.host}:{client.port}" if client else "unknown",
             request.scope.get("root_path", ""),
             tokens,
+            Origins(
+                request.headers.get("origin"),
+                request.headers.get("sec-fetch-site"),
+                request.headers.get("host"),
+            ),
         )
         reply: Any = None
         try:
@@ -149,6 +154,11 @@ def wsgi_app(
             f"{environ.get('REMOTE_ADDR', 'unknown')}:{environ.get('REMOTE_PORT', '')}".rstrip(":"),
             environ.get("SCRIPT_NAME", ""),
             tokens,
+            Origins(
+                environ.get("HTTP_ORIGIN"),
+                environ.get("HTTP_SEC_FETCH_SITE"),
+                environ.get("HTTP_HOST"),
+            ),
         )
         reply: Any = None
         try:

@@ -12,6 +12,7 @@ structlog; and to the registered observers.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import re
 import threading
@@ -327,6 +328,19 @@ def listening(level: int = logging.DEBUG) -> bool:
     return _structlog_configured()
 
 
+def _shown(value: Any) -> str:
+    """A field's value in a ``key=value`` line: quoted (as JSON quotes a string) when it
+    holds anything that could end it or start another pair, so that a value (a peer's
+    forwarded address, say) can never forge ``route=``/``target=`` pairs or lines."""
+    text = value if isinstance(value, str) else str(value)
+    if text and text.isprintable() and not _UNSAFE.search(text):
+        return text
+    return json.dumps(text)
+
+
+_UNSAFE = re.compile(r'[\s="\\]')
+
+
 def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
     """Report sidestep's event ``event`` with ``fields``, redacted, and tell the observers.
 
@@ -345,7 +359,7 @@ def emit(event: str, /, _level: int | None = None, **fields: Any) -> None:
         getattr(_structlog_logger, _STRUCTLOG_METHODS[level])(event, **fields)
     elif _logger.isEnabledFor(level):
         redact(_logger, _STRUCTLOG_METHODS[level], fields)
-        shown = " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+        shown = " ".join(f"{k}={_shown(v)}" for k, v in fields.items() if v is not None)
         _logger.log(
             level,
             "%s %s" if shown else "%s%s",
