@@ -1164,6 +1164,22 @@ def test_failure_threshold_of_one_warns() -> None:
         as_config({"breaker": {"failure_threshold": 1}})
 
 
+@pytest.mark.parametrize(
+    ("url", "headers"),
+    [("https://api.example/v1", {"X-Api-Key": "k"}), ("https://svc:pw@api.example/v1", {})],
+    ids=["key header", "userinfo"],
+)
+def test_inheriting_credentials_beside_a_credential_of_its_own_warns(
+    url: str, headers: dict[str, str]
+) -> None:
+    """inherit_credentials on a target that sets its own credential is warned about, naming
+    the target and never the credential: such a target gets none of the caller's."""
+    with pytest.warns(SidestepConfigWarning, match="'second' sets a credential") as record:
+        Target(name="second", url=url, headers=headers, inherit_credentials=True)
+    assert len(record) == 1
+    assert "pw" not in str(record[0].message) and "'k'" not in str(record[0].message)
+
+
 def test_warning_from_a_file_points_at_the_caller(tmp_path: Path) -> None:
     """A warning raised while loading a file points at the code that called load_config."""
     path = write(tmp_path, "breaker: {cooldown: 10ms}\n")

@@ -9,13 +9,14 @@ header list (names, values, order) first.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import httpx
 import httpx2
 import pytest
 
-from sidestep._config import Target
+from sidestep._config import SidestepConfigWarning, Target
 from sidestep._rebuild import Rebuilder, as_httpx_builds, moved_url, with_extensions
 from sidestep._routes import CompiledTarget, compile_target
 
@@ -217,3 +218,47 @@ def test_a_request_with_extensions_of_its_own_is_the_same_request_otherwise(modu
     assert copied.stream is request.stream
     assert copied.extensions == {"timeout": {"read": 1.0}}
     assert request.extensions is mine and mine == {"timeout": {"read": 9.0}}
+
+
+@pytest.mark.parametrize("module", [httpx, httpx2], ids=["httpx", "httpx2"])
+@pytest.mark.parametrize(
+    ("url", "own"),
+    [
+        ("http://api.example/v1", {"x-api-key": "SECOND"}),
+        ("http://svc:pw@api.example/v1", {}),
+    ],
+    ids=["key header", "userinfo"],
+)
+@pytest.mark.parametrize("inherit", [False, True], ids=["", "inherit_credentials"])
+def test_a_target_with_its_own_credential_on_the_callers_origin_gets_none_of_the_callers(
+    module: Any, url: str, own: dict[str, str], inherit: bool
+) -> None:
+    """A target on the caller's own origin that sets a credential gets that credential
+    alone — none of the caller's credential headers, cookies, userinfo or credential query
+    parameters — from the kept parts and from httpx's own construction alike."""
+    with warnings.catch_warnings():
+        # inherit_credentials beside a credential of its own is warned about (test_config)
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        target = compile_target(
+            Target(name="second", url=url, headers=own, inherit_credentials=inherit)
+        )
+    keep = target.takes_callers_credentials("http://api.example:80")
+    request = module.Request(
+        "POST",
+        "http://user:MAIN-PW@api.example/v1/messages?api_key=MAIN-Q&beta=true",
+        headers=[
+            ("Authorization", "Bearer MAIN-TOKEN"),
+            ("X-Api-Key", "MAIN-KEY"),
+            ("Cookie", "session=MAIN-COOKIE"),
+            ("anthropic-version", "2023-06-01"),
+        ],
+        content=b"{}",
+    )
+    built = Rebuilder().build(request, target, "/messages", keep, b"{}")
+    assert fields(built) == fields(reference(request, target, "/messages", keep, b"{}"))
+    assert str(built.url) == "http://api.example/v1/messages?beta=true"
+    sent = [(name.lower(), value) for name, value in built.headers.raw]
+    assert "MAIN" not in repr(sent)
+    assert (b"anthropic-version", b"2023-06-01") in sent
+    credentials = [(n, v) for n, v in sent if n in (b"authorization", b"x-api-key", b"cookie")]
+    assert credentials == [(n.encode(), v.encode()) for n, v in target.headers]

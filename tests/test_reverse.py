@@ -166,7 +166,10 @@ def same_origin_answer(seen: Seen) -> Respond:
 
 
 def test_a_same_origin_target_answers_as_plain_httpx(make: MakeDriver, b: Upstream) -> None:
-    """A second key on the client's own origin: its redirects and cookies behave exactly as without sidestep."""
+    """A second key on the client's own origin: its redirects and Set-Cookie reach the client
+    exactly as without sidestep, and the followed redirect comes back to it with its own key
+    alone: the cookie the client then sends is the client's, and no credential of the
+    client's goes to a target that sets its own."""
     b.behaviour = lambda seen: (
         Respond(429, "slow down") if seen.headers["x-api-key"] == "K" else same_origin_answer(seen)
     )
@@ -188,7 +191,9 @@ def test_a_same_origin_target_answers_as_plain_httpx(make: MakeDriver, b: Upstre
         k: expected.headers[k] for k in ("location", "content-location", "set-cookie")
     }
     r = d.get(b.url + "/v1/chat", headers={"x-api-key": "K"}, follow_redirects=True)
-    assert r.text == followed.text == "session=S1"
+    assert followed.text == "session=S1"
+    assert (r.extensions["sidestep"]["target"], r.text) == ("second", "no cookie")
+    assert b.seen[-1].headers["x-api-key"] == "SECOND-KEY"
 
 
 def test_a_followed_redirect_body_is_replayed_on_failover(

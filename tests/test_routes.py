@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
-from sidestep._config import Config
-from sidestep._routes import Router, display_origin, merge_json, without_credentials
+from sidestep._config import Config, SidestepConfigWarning, Target
+from sidestep._routes import (
+    Router,
+    compile_target,
+    display_origin,
+    merge_json,
+    without_credentials,
+)
 from sidestep._scopes import is_credential, origin_key
 
 
@@ -123,3 +131,59 @@ def test_fingerprints_do_not_depend_on_order() -> None:
         {"authorization": "2", "x-api-key": "1"}, ""
     )
     assert fp({}, "", b"key=A") != fp({}, "", b"key=B")
+
+
+OWN_CREDENTIALS = [
+    ({"x-api-key": "k"}, ""),
+    ({"Authorization": "Bearer k"}, ""),
+    ({"Api-Key": "k"}, ""),
+    ({"Cookie": "session=k"}, ""),
+    ({"x-goog-api-key": "k"}, ""),
+    ({"X-Tag": "t"}, "svc:pw@"),  # userinfo: the target's Basic credentials
+]
+
+
+@pytest.mark.parametrize(("headers", "userinfo"), OWN_CREDENTIALS)
+@pytest.mark.parametrize("inherit", [False, True], ids=["", "inherit_credentials"])
+def test_a_target_with_a_credential_of_its_own_takes_none_of_the_callers(
+    headers: dict[str, str], userinfo: str, inherit: bool
+) -> None:
+    """A target that sets any credential — a header the credential rule names, or URL
+    userinfo — keeps none of the caller's, on its own origin, another, or inheriting them."""
+    with warnings.catch_warnings():
+        # inherit_credentials beside a credential of its own is warned about (test_config)
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        target = compile_target(
+            Target(
+                name="t",
+                url=f"https://{userinfo}api.example/v1",
+                headers=headers,
+                inherit_credentials=inherit,
+            )
+        )
+    assert target.credentialed
+    for origin in ("https://api.example:443", "https://alias.example:443"):
+        assert not target.takes_callers_credentials(origin)
+
+
+@pytest.mark.parametrize(
+    ("inherit", "same", "other"),
+    [(False, True, False), (True, True, True)],
+    ids=["", "inherit_credentials"],
+)
+def test_a_target_without_a_credential_takes_the_callers_where_httpx_would(
+    inherit: bool, same: bool, other: bool
+) -> None:
+    """A target that sets no credential (its other headers aside) keeps the caller's on its
+    own origin, and on another only with inherit_credentials."""
+    target = compile_target(
+        Target(
+            name="t",
+            url="https://api.example/v1",
+            headers={"X-Tag": "t", "anthropic-version": "2023-06-01"},
+            inherit_credentials=inherit,
+        )
+    )
+    assert not target.credentialed
+    assert target.takes_callers_credentials("https://api.example:443") is same
+    assert target.takes_callers_credentials("https://alias.example:443") is other

@@ -16,7 +16,7 @@ import sidestep
 from llm_upstream import SDKS, ForwardingProxy, Sdk, llm, unavailable
 from sidestep._config import SidestepConfigWarning
 from sidestep._transport import _Shell
-from upstream import Upstream
+from upstream import Action, Respond, Seen, Upstream
 
 COLOURS = ("sync", "async")
 RETRY_AFTER = 30  # seconds: the cooldown, and the Retry-After of an all-suspended answer
@@ -276,3 +276,66 @@ def test_a_malformed_stream_is_what_the_sdk_sees_without_validation(
             ask(sdk, False, a, http_client, stream=True) == "hello from a"
         )  # a truncated "success"
     assert b.calls == 0
+
+
+# The Anthropic SDK's two ways of sending its key: `auth_token` as
+# `Authorization: Bearer`, and its key-header auth (the Foundry client's), which
+# sends the key as `x-api-key` and again as `api-key`.
+ANTHROPIC_AUTH = {
+    "authorization": ("Anthropic", "AsyncAnthropic", "auth_token"),
+    "x-api-key": ("AnthropicFoundry", "AsyncAnthropicFoundry", "api_key"),
+}
+
+
+@pytest.mark.parametrize("auth", sorted(ANTHROPIC_AUTH))
+def test_the_second_key_target_sends_the_second_key_alone(
+    auth: str, is_async: bool, a: Upstream
+) -> None:
+    """docs/sdks.md's second-key target: the SDK's main key gets a 429, and the same origin's
+    second-key attempt reaches the upstream carrying the second key only — none of the
+    SDK's own credential headers, which an upstream reading them would serve as the
+    rate-limited main key again."""
+    anthropic = SDKS["anthropic"].module
+    credentials = ("authorization", "x-api-key", "api-key")
+
+    def by_key(seen: Seen) -> Action:
+        if any("MAIN-KEY" in seen.headers.get(name, "") for name in credentials):
+            return Respond(429, {"type": "error", "error": {"type": "rate_limit_error"}})
+        return llm("a")(seen)
+
+    a.behaviour = by_key
+    config = {
+        "routes": [
+            {
+                "name": "anthropic",
+                "targets": [
+                    {"name": "main-key", "url": a.url + "/v1"},
+                    {
+                        "name": "second-key",
+                        "url": a.url + "/v1",
+                        "headers": {"x-api-key": "SECOND-KEY"},
+                    },
+                ],
+            }
+        ]
+    }
+    sync_cls, async_cls, argument = ANTHROPIC_AUTH[auth]
+    cls = getattr(anthropic, async_cls if is_async else sync_cls)
+    http_client = sidestep.wrap(SDKS["anthropic"].default_http_client(is_async), config)
+    client = cls(base_url=a.url, max_retries=0, http_client=http_client, **{argument: "MAIN-KEY"})
+    if is_async:
+
+        async def go() -> str:
+            async with client:
+                return await SDKS["anthropic"].ask_async(client)
+
+        text = asyncio.run(go())
+    else:
+        with client:
+            text = SDKS["anthropic"].ask(client)
+    assert text == "hello from a"
+    main, second = a.seen
+    assert main.headers[auth].endswith("MAIN-KEY")
+    assert {name for name, _ in second.raw} & set(credentials) == {"x-api-key"}
+    assert second.headers["x-api-key"] == "SECOND-KEY"
+    assert "MAIN-KEY" not in json.dumps(second.raw)

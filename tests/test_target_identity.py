@@ -160,3 +160,70 @@ def test_a_shared_scope_lists_every_target_that_shares_it(make: MakeDriver, a: U
     assert (s.scope, s.state) == ("origin+model", "open")
     assert s.targets == (("chat", "main-key"), ("chat", "second-key"))
     assert (s.route, s.target) == ("chat", "main-key")
+
+
+# -- a target's credential replaces the caller's ------------------------------------------
+
+RATE_LIMITED = Respond(429, "slow down", {"retry-after": "60"})
+
+
+@pytest.mark.parametrize(
+    ("second", "credential"),
+    [
+        ({"headers": {"x-api-key": "SECOND"}}, ("x-api-key", "SECOND")),
+        ({"url": "svc:s3cond@"}, ("authorization", basic("svc:s3cond"))),
+    ],
+    ids=["key header", "userinfo"],
+)
+def test_a_same_origin_target_with_its_own_credential_gets_none_of_the_callers(
+    make: MakeDriver, a: Upstream, second: dict[str, Any], credential: tuple[str, str]
+) -> None:
+    """The caller's key is rate limited; the same origin's second target, with a key or
+    userinfo of its own, receives that credential alone — not the caller's userinfo (its
+    Authorization), key, cookie or credential query parameter — while the first target,
+    which sets none, still receives the caller's."""
+    a.behaviour = lambda seen: (
+        Respond(body="second") if seen.headers.get(credential[0]) == credential[1] else RATE_LIMITED
+    )
+    url = a.url + "/v1"
+    target: dict[str, Any] = {"headers": second.get("headers", {})}
+    if "url" in second:
+        url = url.replace("http://", "http://" + second["url"])
+    config = route(("main-key", a.url + "/v1"), ("second-key", url), targets={"second-key": target})
+    d = make(config)
+    caller = a.url.replace("http://", "http://user:MAIN-PW@")
+    r = d.post(
+        caller + "/v1/messages?api_key=MAIN-Q&beta=true",
+        json={"model": "m"},
+        headers={"x-api-key": "MAIN-KEY", "cookie": "session=MAIN-COOKIE"},
+    )
+    assert (r.status, r.text) == (200, "second")
+    first, failover = a.seen
+    assert first.headers["authorization"] == basic("user:MAIN-PW")
+    assert first.headers["cookie"] == "session=MAIN-COOKIE"
+    assert first.path == "/v1/messages?api_key=MAIN-Q&beta=true"
+    assert failover.path == "/v1/messages?beta=true"
+    sent = {name for name, _ in failover.raw}
+    assert {credential[0], "cookie", "authorization", "x-api-key"} & sent == {credential[0]}
+    assert failover.headers[credential[0]] == credential[1]
+    assert "MAIN" not in json.dumps(failover.raw)
+
+
+def test_a_key_targets_scope_is_its_own_key_when_the_caller_sent_a_bearer_token(
+    make: MakeDriver, a: Upstream
+) -> None:
+    """A caller authenticating with Authorization (the Anthropic SDK's auth_token) fails
+    over to second-key: its rate limit is second-key's own credential scope, not one of
+    the caller's token and the key mixed, and is listed as second-key's."""
+    a.behaviour = lambda seen: (
+        RATE_LIMITED if "authorization" not in seen.headers else Respond(401, "no")
+    )
+    d = make(two_keys(a))
+    r = d.post(
+        a.url + "/v1/messages", json={"model": "m"}, headers={"authorization": "Bearer MAIN"}
+    )
+    assert r.status == 429
+    assert "authorization" not in a.seen[1].headers
+    rows = {s.reason: s for s in d.transport.suspensions()}
+    assert rows["rate_limited"].targets == (("chat", "second-key"),)
+    assert rows["invalid_credential"].targets == (("chat", "main-key"),)

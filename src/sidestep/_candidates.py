@@ -61,14 +61,14 @@ class Candidacy(CoreState):
         the first of a `direct` route's is the request itself (as `_start` left it);
         any other, the request rebuilt for its target.
 
-        Credentials — credential headers, URL userinfo, credential query
-        parameters — go to another origin only when the target inherits them.
+        The caller's credentials — credential headers, URL userinfo, credential
+        query parameters — go along as `CompiledTarget.takes_callers_credentials` says.
         """
         cands = run.cands
         if index == 0 and cands.direct:
             run.sent, run.sent_body = run.request, run.body
             return
-        keep = target.origin == cands.origin or target.inherit_credentials
+        keep = target.takes_callers_credentials(cands.origin)
         body = run.body
         if body is not None and target.json_fields:
             body = merge_json(body, target.json_fields)

@@ -34,6 +34,7 @@ from pydantic import (
 
 from ._errors import ConfigError
 from ._observability import Observability
+from ._scopes import is_credential
 from ._store_config import StoreSettings
 from ._yaml_document import _interpolate, _parse_yaml, _UnresolvedReference
 
@@ -443,6 +444,18 @@ class Target(_Model):
             raise ValueError(
                 "the URL's userinfo and the authorization header both give this target's"
                 " credentials: keep one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _inherits_nothing_with_a_credential(self) -> Target:
+        # A target with a credential of its own gets none of the caller's (its credential
+        # replaces the caller's, all of it): inherit_credentials then changes nothing.
+        own = "@" in urlsplit(self.url).netloc or any(map(is_credential, self.headers))
+        if self.inherit_credentials and own:
+            _warn(
+                f"target {self.name!r} sets a credential of its own: it gets none of the"
+                " caller's, and inherit_credentials changes nothing"
             )
         return self
 

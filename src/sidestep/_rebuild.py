@@ -50,7 +50,8 @@ def as_httpx_builds(
 
 def moved_url(url: Any, target: CompiledTarget, rest: str, keep: bool) -> Any:
     """`url` (the caller's, `rest` its path after the route's prefix) moved to `target`:
-    credentials in it (userinfo, credential query parameters) kept only if `keep`."""
+    credentials in it (userinfo, credential query parameters) kept only if `keep`
+    (`CompiledTarget.takes_callers_credentials`)."""
     query: bytes = url.query
     if query and not keep:
         query = without_credentials(query)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from base64 import b64encode
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -62,9 +62,28 @@ class CompiledTarget:
     headers: tuple[tuple[str, str], ...] = ()
     json_fields: Mapping[str, Any] | None = None
     inherit_credentials: bool = False
+    # it sets a credential of its own: a header `is_credential` names (its URL's
+    # userinfo among them, compiled into its Authorization)
+    credentialed: bool = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        own = any(is_credential(name) for name, _ in self.headers)
+        object.__setattr__(self, "credentialed", own)
 
     def __repr__(self) -> str:
         return f"CompiledTarget(name={self.name!r}, origin={self.shown!r})"
+
+    def takes_callers_credentials(self, origin: str) -> bool:
+        """Whether a request to `origin` (scope-key form) keeps its credentials — credential
+        headers, URL userinfo, credential query parameters — when moved to this target.
+
+        The one rule: a target that sets a credential of its own sends it alone, none
+        of the caller's, whatever the origin (its credential replaces the caller's, all
+        of it, so no attempt carries two keys, and its credential scope is its own key's).
+        Any other target keeps the caller's on the request's own origin, and on another
+        only with `inherit_credentials` (httpx's rule for a cross-origin redirect).
+        """
+        return not self.credentialed and (origin == self.origin or self.inherit_credentials)
 
     @property
     def host_header(self) -> str:
@@ -215,9 +234,9 @@ class Router:
 
         All the targets on the scope's origin share its origin and model
         scopes. A credential scope belongs to the targets whose own credential
-        headers give its fingerprint; failing that, to those that carry the
-        caller's credentials (no credential headers of their own); failing
-        that, to every target on the origin.
+        headers give its fingerprint (such a target sends no other credential);
+        failing that, to those that carry the caller's credentials (no credential
+        of their own); failing that, to every target on the origin.
         """
         here = [
             (route, target)
@@ -228,7 +247,7 @@ class Router:
         if len(here) > 1 and scope.kind in (ScopeKind.CREDENTIAL, ScopeKind.CREDENTIAL_MODEL):
             pairs = [(p, {n: v for n, v in p[1].headers if is_credential(n)}) for p in here]
             exact = [p for p, own in pairs if fingerprint(own, "") == scope.credential]
-            callers = [p for p, own in pairs if not own]
+            callers = [p for p in here if not p[1].credentialed]
             here = exact or callers or here
         return tuple(dict.fromkeys((route.name, target.name) for route, target in here))
 
@@ -267,8 +286,9 @@ def rewrite_headers(
     headers: list[tuple[bytes, bytes]], target: CompiledTarget, *, keep_credentials: bool
 ) -> list[tuple[bytes | str, bytes | str]]:
     """The request's headers (lowercase names, the bytes sent) for `target`: Host anew,
-    credentials kept only where allowed. The caller's bytes go along as they are: a
-    value outside ASCII is never decoded and encoded again."""
+    the caller's credentials kept only if `keep_credentials`
+    (`CompiledTarget.takes_callers_credentials`). The caller's bytes go along as they
+    are: a value outside ASCII is never decoded and encoded again."""
     out: list[tuple[bytes | str, bytes | str]] = [
         (name, value)
         for name, value in headers
@@ -280,7 +300,7 @@ def rewrite_headers(
 
 def carried(name: str, target: CompiledTarget, keep_credentials: bool) -> bool:
     """Whether the request's header `name` (lowercase) goes to `target` as it is: not one
-    rebuilt for it, not one the target sets itself, no credential unless allowed."""
+    rebuilt for it, not one the target sets itself, no credential unless `keep_credentials`."""
     return (
         name not in _REBUILT
         and all(name != own for own, _ in target.headers)
