@@ -120,10 +120,11 @@ def test_an_unknown_dialect_of_json_events_still_needs_each_to_parse() -> None:
     assert problem is not None and "event 2" in problem
 
 
-def test_a_page_served_as_an_event_stream_is_malformed() -> None:
-    """An HTML page with the event-stream type (a proxy's error page) is no stream of events."""
+def test_a_page_served_as_an_event_stream_is_refused() -> None:
+    """An HTML page with the event-stream type (a proxy's error page) is refused: in an SDK's dialect it never reaches the stream's end (the SDKs ignore its lines), elsewhere it is malformed."""
     page = b"<html><body>Bad gateway</body></html>\n"
-    assert "malformed" in (body_problem(SSE, None, page, "/v1/chat/completions", LIMIT) or "")
+    assert "ends before" in (body_problem(SSE, None, page, "/v1/chat/completions", LIMIT) or "")
+    assert "malformed" in (body_problem(SSE, None, page, "/events", LIMIT) or "")
 
 
 def test_a_json_body_must_parse() -> None:
