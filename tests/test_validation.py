@@ -259,7 +259,7 @@ def test_a_body_past_max_buffered_bytes_is_handed_over_unvalidated(
 
 
 def test_first_byte_routes_do_not_validate(make: MakeDriver, a: Upstream, b: Upstream) -> None:
-    """With commit: first_byte nothing is buffered, so nothing is judged: A's body is delivered."""
+    """With a streaming commit point (first_token, the default) nothing is buffered, so nothing is judged: A's body is delivered."""
     a.behaviour = lambda _: Respond(body=SECRET_BODY, headers={"content-type": "application/json"})
     d = make(route(("a", a.url + "/v1"), ("b", b.url + "/v1")))
     assert d.post(a.url + "/v1/x", json={"q": 1}).body == SECRET_BODY
