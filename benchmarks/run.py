@@ -37,6 +37,7 @@ SCENARIOS = (
     "scale",
     "redis_store",
     "sqlite_store",
+    "first_token",
 )
 Row = dict[str, Any]
 

@@ -147,7 +147,7 @@ def test_route_and_failure_rate_defaults() -> None:
     """A route and a failure-rate rule left mostly unset take the documented defaults."""
     route = Route(name="chat", targets=[Target(name="a", url="https://a.example")])
     assert route.match == []
-    assert route.commit == "first_byte"
+    assert route.commit == "first_token"
     assert route.max_buffered_bytes == 16 * 1024 * 1024
     assert route.avoid_rate_limits is False
     assert route.failover == FailoverOverrides()

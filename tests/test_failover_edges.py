@@ -75,7 +75,7 @@ def test_a_hostile_retry_delay_is_garbage_and_the_429_fails_over(
 def test_an_event_stream_opening_with_a_byte_order_mark_is_valid(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """SSE strips one leading U+FEFF, so A's whole chat stream that begins with one is delivered from A, not failed over."""
+    """A chat stream that begins with a U+FEFF (which the SDKs read as part of the first line, and ignore that line) is delivered from A, not failed over."""
     body = chat_stream("hi", bom=True)
     a.behaviour = lambda _: Respond(body=body, headers={"content-type": SSE})
     d = make(complete(a, b))

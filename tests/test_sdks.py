@@ -16,7 +16,7 @@ import sidestep
 from llm_upstream import SDKS, ForwardingProxy, Sdk, llm, unavailable
 from sidestep._config import SidestepConfigWarning
 from sidestep._transport import _Shell
-from upstream import Action, Respond, Seen, Upstream
+from upstream import Action, Respond, Seen, Stream, Upstream
 
 COLOURS = ("sync", "async")
 RETRY_AFTER = 30  # seconds: the cooldown, and the Retry-After of an all-suspended answer
@@ -339,3 +339,68 @@ def test_the_second_key_target_sends_the_second_key_alone(
     assert {name for name, _ in second.raw} & set(credentials) == {"x-api-key"}
     assert second.headers["x-api-key"] == "SECOND-KEY"
     assert "MAIN-KEY" not in json.dumps(second.raw)
+
+
+# -- the commit point at the first token ------------------------------------------------------
+
+SSE = {"content-type": "text/event-stream"}
+KEEPALIVE = b": keep-alive\n\n"
+
+
+def event(name: str | None, **data: Any) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+PING = event("ping", type="ping")
+MESSAGE_START = event(
+    "message_start",
+    type="message_start",
+    message={"id": "m", "type": "message", "role": "assistant", "model": "m", "content": []},
+)
+
+
+def test_an_anthropic_stream_of_pings_past_first_byte_timeout_is_answered_by_the_backup(
+    is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """The primary sends message_start, then a ping every 0.1 s and no content: after first_byte_timeout the SDK reads the backup's stream."""
+    sdk = SDKS["anthropic"]
+    pings = [KEEPALIVE + MESSAGE_START, *[PING] * 50, event("message_stop", type="message_stop")]
+    a.behaviour = lambda _: Stream(pings, headers=SSE, delay=0.1)
+    config = llm_config(sdk, a, b, first_byte_timeout=1.0, retry_ambiguous=True)
+    http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
+    assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client, stream=True))
+
+
+def test_an_anthropic_overload_after_a_200_is_answered_by_the_backup(
+    is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """The primary answers 200, a ping, then event: error overloaded_error: the SDK never sees it, and yields the backup's stream."""
+    sdk = SDKS["anthropic"]
+    error = {"type": "overloaded_error", "message": "Overloaded"}
+    a.behaviour = lambda _: Stream(
+        [PING + MESSAGE_START, event("error", type="error", error=error)], headers=SSE
+    )
+    http_client = sidestep.wrap(sdk.default_http_client(is_async), llm_config(sdk, a, b))
+    assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client, stream=True))
+
+
+def test_an_openai_chat_stream_that_names_its_role_then_stalls_is_answered_by_the_backup(
+    is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """The primary's first chunk carries only the assistant role, then nothing: after first_byte_timeout the SDK reads the backup's stream."""
+    sdk = SDKS["openai"]
+    role = event(
+        None,
+        id="c",
+        object="chat.completion.chunk",
+        created=0,
+        model="m",
+        choices=[
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        ],
+    )
+    a.behaviour = lambda _: Stream([role, b"data: [DONE]\n\n"], headers=SSE, stall_after=1)
+    config = llm_config(sdk, a, b, first_byte_timeout=1.0, retry_ambiguous=True)
+    http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
+    assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client, stream=True))

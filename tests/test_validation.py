@@ -120,10 +120,11 @@ def test_an_unknown_dialect_of_json_events_still_needs_each_to_parse() -> None:
     assert problem is not None and "event 2" in problem
 
 
-def test_a_page_served_as_an_event_stream_is_malformed() -> None:
-    """An HTML page with the event-stream type (a proxy's error page) is no stream of events."""
+def test_a_page_served_as_an_event_stream_is_refused() -> None:
+    """An HTML page with the event-stream type (a proxy's error page) is refused: in an SDK's dialect it never reaches the stream's end (the SDKs ignore its lines), elsewhere it is malformed."""
     page = b"<html><body>Bad gateway</body></html>\n"
-    assert "malformed" in (body_problem(SSE, None, page, "/v1/chat/completions", LIMIT) or "")
+    assert "ends before" in (body_problem(SSE, None, page, "/v1/chat/completions", LIMIT) or "")
+    assert "malformed" in (body_problem(SSE, None, page, "/events", LIMIT) or "")
 
 
 def test_a_json_body_must_parse() -> None:
@@ -258,7 +259,7 @@ def test_a_body_past_max_buffered_bytes_is_handed_over_unvalidated(
 
 
 def test_first_byte_routes_do_not_validate(make: MakeDriver, a: Upstream, b: Upstream) -> None:
-    """With commit: first_byte nothing is buffered, so nothing is judged: A's body is delivered."""
+    """With a streaming commit point (first_token, the default) nothing is buffered, so nothing is judged: A's body is delivered."""
     a.behaviour = lambda _: Respond(body=SECRET_BODY, headers={"content-type": "application/json"})
     d = make(route(("a", a.url + "/v1"), ("b", b.url + "/v1")))
     assert d.post(a.url + "/v1/x", json={"q": 1}).body == SECRET_BODY

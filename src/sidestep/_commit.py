@@ -1,29 +1,108 @@
 """The commit point, sans I/O: when an attempt's response is handed to the caller.
 
-A routed response is handed over at its first body byte (or, with
-``commit: complete``, its whole body, validated), within the first-byte and
-stall limits; an unrouted one at its headers, as plain httpx hands it over.
-Until then a failure may still move the request to the next candidate; after
-it, the body's end is the verdict.
+A routed response is handed over at its first token (``commit: first_token``,
+the default: an event stream of a known dialect at its first content, a JSON
+body at its first byte that is not whitespace, any other body at its first
+byte), at its first byte (``commit: first_byte``) or, with ``commit:
+complete``, whole and validated; always within the first-byte and stall
+limits. An unrouted one is handed over at its headers, as plain httpx hands
+it over. Until then a failure may still move the request to the next
+candidate — an error event before any content too, judged as the plain
+answer it stands for; after it, the body's end is the verdict.
 """
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Generator
+from dataclasses import replace
 from typing import Any
 
 from . import _classify as c11n
-from ._classify import Kind, Verdict
-from ._effects import Close, Read
+from ._classify import Exchange, Kind, Verdict
+from ._effects import Clock, Close, Read
 from ._errors import InvalidUpstreamBody
+from ._flavour import Flavour
 from ._routes import CompiledTarget
 from ._run import SUCCESS, Outcome, Run
 from ._scopes import ScopeKind
+from ._sse import HELD, HOLD_LIMIT, Head, error_answer, head_for
 from ._store import Ticket
 from ._validate import body_problem
 from ._verdicts import Verdicts
 
 __all__ = ["Committing"]
+
+_NO_TOKEN = "sidestep: no content within the first-byte limit (keep-alives do not count)"  # noqa: S105  # a message
+_STALLED = "sidestep: the body stalled for longer than stall_timeout (keep-alives do not count)"
+
+
+class _Watch:
+    """A routed answer read up to its first token, and watched after it (a `Scan`).
+
+    Its `Head` says where the commit point is; this adds the clock. A chunk
+    that holds nothing but keep-alives, pings or metadata is no sign of life:
+    `since`, when the body last did something that counts, stays where it was,
+    and a stall counts from there (`stall_left`, which the async shells bound
+    each wait by). Shells that cannot bound a wait from outside (sync) learn
+    of a stall, or of a first-byte deadline passed while keep-alives kept the
+    socket busy, when the next chunk comes: `feed` raises the flavour's
+    ReadTimeout then.
+    """
+
+    __slots__ = ("_clock", "_deadline", "_flavour", "_request", "_stall", "head", "since")
+
+    def __init__(
+        self,
+        head: Head,
+        clock: Clock,
+        deadline: float | None,
+        stall: float | None,
+        flavour: Flavour,
+        request: Any,
+    ) -> None:
+        self.head = head
+        self._clock = clock
+        self._deadline = deadline
+        self._stall = stall
+        self._flavour = flavour
+        self._request = request
+        self.since = clock()  # the headers: the body has done nothing yet
+
+    def __repr__(self) -> str:
+        return f"_Watch({self.head!r})"
+
+    def feed(self, chunk: bytes) -> bool:
+        head = self.head
+        committed = head.committed
+        step = head.feed(chunk)
+        now = self._clock()
+        if step != HELD:
+            self.since = now  # the commit point, an error before it, or a real event
+            return not committed
+        if not committed and self._deadline is not None and now >= self._deadline:
+            raise self._flavour.read_timeout(_NO_TOKEN, request=self._request)
+        if self._stall is not None and now - self.since >= self._stall:
+            raise self._flavour.read_timeout(_STALLED, request=self._request)
+        return False
+
+    def settle(self) -> None:
+        """The head is read: an answer handed over without its commit point (past the
+        bound, or at the body's end) is watched from now on as one after it."""
+        if not self.head.committed:
+            self.head.commit()
+            self.since = self._clock()
+
+    def stall_left(self) -> float:
+        if self._stall is None:
+            return math.inf
+        return max(0.0, self.since + self._stall - self._clock())
+
+
+def _nothing() -> Generator[Any, Any, None]:
+    return
+    yield  # a generator with nothing to do
 
 
 class Committing(Verdicts):
@@ -54,28 +133,46 @@ class Committing(Verdicts):
         response: Any,
         fb_deadline: float | None,
     ) -> Generator[Any, Any, Outcome]:
-        """Wait for the commit point: the first body byte (or the whole body; or, for
+        """Wait for the commit point: the first token, or byte (or the whole body; or, for
         an unrouted request, nothing: it has no other candidate).
 
         A probe's success is recorded at the commit point, which frees its slot
         early; any other request's verdict waits for the end of its body, so an
-        upstream that always breaks off mid-body still counts as failing.
+        upstream that always breaks off mid-body still counts as failing. An
+        error event before the commit point is the verdict instead, recorded
+        by the loop: the body's end or failure then records nothing more.
         """
         route = run.cands.route
         defer = not ticket.probes
+        armed = True  # the body's end or failure is still to give its verdict
 
         def on_error(exc: BaseException) -> Generator[Any, Any, None]:
+            if not armed:
+                return _nothing()
             return self._body_failed(ticket, target, run, request, exc)
 
         def on_end() -> Generator[Any, Any, None]:
+            if not armed:
+                return _nothing()
             return self._record(ticket, SUCCESS, target, run)
 
         end = on_end if defer else None
         stall = run.policy.stall_timeout
+        watch = None
+        if route is not None and route.first_token:
+            watch = self._watch(request, response, fb_deadline, stall)
+        head = 1 if watch is None else HOLD_LIMIT  # the head read before the commit point
         try:
             if route is not None and route.commit_complete:
-                # the first byte within its own limit, then the rest within the request's
-                body, ended = yield Read(response, request, 1, fb_deadline, stall=stall)
+                # the first token within its own limit, then the rest within the request's
+                body, ended = yield Read(
+                    response, request, head, fb_deadline, stall=stall, scan=watch
+                )
+                failed = self._error_event(run, request, ticket, response, watch)
+                if failed is not None:
+                    return failed  # (no verdict was due from this read's body)
+                if watch is not None:
+                    watch.settle()
                 if not ended:
                     limit = route.max_buffered_bytes
                     body, ended = yield Read(
@@ -100,7 +197,15 @@ class Committing(Verdicts):
                 # over (a long poll may stay quiet for minutes); its end is the verdict.
                 _, ended = yield Read(response, request, 0, None, on_error, end, stall)
             else:
-                _, ended = yield Read(response, request, 1, fb_deadline, on_error, end, stall)
+                _, ended = yield Read(
+                    response, request, head, fb_deadline, on_error, end, stall, watch
+                )
+                failed = self._error_event(run, request, ticket, response, watch)
+                if failed is not None:
+                    armed = False  # its verdict is the error's, recorded by the loop
+                    return failed
+                if watch is not None:
+                    watch.settle()
         except Exception as exc:
             yield Close(response)
             return Outcome(self._classify_error(request, exc, run), exc)
@@ -108,6 +213,52 @@ class Committing(Verdicts):
             yield Close(response)  # cancelled before the commit point: nothing leaks
             raise
         return Outcome(SUCCESS, response, committed=True, deferred=defer and not ended)
+
+    def _watch(
+        self, request: Any, response: Any, deadline: float | None, stall: float | None
+    ) -> _Watch | None:
+        """The watch over a routed 2xx answer whose commit point is its first token; None
+        for one handed over at its first byte (no dialect known, no JSON, encoded)."""
+        if not 200 <= response.status_code < 300:
+            return None
+        headers = response.headers
+        head = head_for(
+            headers.get("content-type"), headers.get("content-encoding"), request.url.path
+        )
+        if head is None:
+            return None
+        return _Watch(head, self.clock, deadline, stall, self.flavour, request)
+
+    def _error_event(
+        self, run: Run, request: Any, ticket: Ticket, response: Any, watch: _Watch | None
+    ) -> Outcome | None:
+        """The outcome of an answer whose stream opened with an error event (None: it did not).
+
+        Judged as the plain answer the error stands for (`_sse.error_answer`)
+        by the classifier, so an overload fails over like a 529 and a rate
+        limit suspends like a 429; the status the verdict carries is the
+        answer's own. The response goes back as it came, held bytes and all:
+        closed when the request moves on, handed over when nothing is left.
+        """
+        if watch is None or not watch.head.failed:
+            return None
+        status, body = error_answer(watch.head.error)
+        verdict = self._classify(
+            Exchange(
+                method=request.method,
+                request_headers=request.headers,
+                status=status,
+                response_headers=response.headers,
+                body=body,
+                retry_ambiguous=run.policy.retry_ambiguous,
+                on_context_overflow=run.policy.on_context_overflow,
+                wall_now=time.time(),
+                credentialed=bool(ticket.facts.credential),
+            )
+        )
+        if verdict.kind is Kind.SUCCESS:
+            return None  # a replacement classifier's word: the answer, as it is
+        return Outcome(replace(verdict, status=response.status_code), response)
 
     @staticmethod
     def _invalid(response: Any, request: Any, body: list[bytes], limit: int) -> str | None:

@@ -472,7 +472,7 @@ class Route(_Model):
 
     name: _Name
     match: list[_HttpUrl] = Field(default_factory=list)
-    commit: Literal["first_byte", "complete"] = "first_byte"
+    commit: Literal["first_token", "first_byte", "complete"] = "first_token"
     max_buffered_bytes: Annotated[ByteSize, Field(gt=0)] = 16 * 2**20
     avoid_rate_limits: bool = False  # a success that spent the last request suspends its scope
     # `validate` in the file: the name would shadow a pydantic method here

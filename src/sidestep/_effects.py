@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Call", "Clock", "Close", "Read", "Send", "Sleep"]
+__all__ = ["Call", "Clock", "Close", "Read", "Scan", "Send", "Sleep"]
 
 Clock = Callable[[], float]
 
@@ -22,6 +22,18 @@ class Send:
 
     request: Any
     deadline: float | None  # on the core's clock; shells that can, enforce it exactly
+
+
+class Scan(Protocol):
+    """The core's reader of a body as it comes, which a `Read` may carry."""
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next chunk; True when it ends the head. May raise (a timeout)."""
+        ...
+
+    def stall_left(self) -> float:
+        """Seconds the next wait for a chunk may last before the body counts as stalled."""
+        ...
 
 
 @dataclass(slots=True)
@@ -37,6 +49,10 @@ class Read:
     alike: a silence that long raises the flavour's ReadTimeout. Shells that
     can bound a wait from outside (async) enforce it per chunk; the sync one
     relies on the read timeout the core set for the body's socket reads.
+
+    `scan`, when given, is fed every chunk of the body as it is read, head and
+    rest alike; the head ends when it says so (or at `limit` bytes), and each
+    wait for a chunk lasts at most its `stall_left()` rather than `stall`.
     """
 
     response: Any
@@ -46,6 +62,7 @@ class Read:
     on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
     on_end: Callable[[], Generator[Any, Any, None]] | None = None
     stall: float | None = None
+    scan: Scan | None = None
 
 
 @dataclass(slots=True)

@@ -106,6 +106,7 @@ class CompiledRoute:
     policy: FailoverPolicy
     commit_complete: bool
     max_buffered_bytes: int
+    first_token: bool = False  # an event stream's commit point is its first content
     avoid_rate_limits: bool = False
     validate: bool = False  # check the 2xx bodies buffered by commit: complete
     # no first-byte or stall limit and no rate limits to avoid: a 2xx is settled at its headers
@@ -271,6 +272,7 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
         policy=policy,
         commit_complete=route.commit == "complete",
         max_buffered_bytes=route.max_buffered_bytes,
+        first_token=route.commit != "first_byte",
         avoid_rate_limits=route.avoid_rate_limits,
         validate=route.commit == "complete" and route.validate_body == "auto",
         plain=plain(policy) and not route.avoid_rate_limits,

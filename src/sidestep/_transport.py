@@ -19,7 +19,7 @@ from anyio.lowlevel import EventLoopToken, current_token
 
 from ._attempts import Core
 from ._config import Config
-from ._effects import Call, Clock, Close, Read, Send, Sleep
+from ._effects import Call, Clock, Close, Read, Scan, Send, Sleep
 from ._flavour import Flavour, is_proxy
 from ._listing import Listing, StoreUnavailable, Suspension, suspensions
 from ._run import Run
@@ -187,11 +187,14 @@ class _SyncShell(_Shell):
         chunks = iter(stream)
         head: list[bytes] = []
         size = 0
+        scan = effect.scan
         try:
             while size < effect.limit:
                 chunk = next(chunks)
                 head.append(chunk)
                 size += len(chunk)
+                if scan is not None and scan.feed(chunk):
+                    break  # scan: the head ends where the core's reader says
         except StopIteration:
             stream.close()
             response.stream = self._flavour.ByteStream(b"".join(head))
@@ -208,7 +211,12 @@ class _SyncShell(_Shell):
         def rest() -> Iterator[bytes]:
             yield from head
             try:
-                yield from chunks
+                if scan is None:
+                    yield from chunks
+                else:
+                    for chunk in chunks:  # scan: every later chunk fed to the reader too
+                        scan.feed(chunk)
+                        yield chunk
             except Exception as exc:
                 end.clear()
                 if on_error is not None:
@@ -334,14 +342,16 @@ class _AsyncShell(_Shell):
         seconds = max(0.0, deadline - self._core.clock()) + grace
         return _Deadline(seconds, self._flavour, request)
 
-    def _stall(self, seconds: float | None, request: Any) -> Callable[[], Any]:
-        """A new bound for each wait for a chunk: `seconds` of silence raise a ReadTimeout."""
+    def _stall(self, seconds: float | None, request: Any, scan: Scan | None) -> Callable[[], Any]:
+        """A new bound for each wait for a chunk: `seconds` of silence raise a ReadTimeout
+        (with a `scan`, what it says is left of them: a keep-alive does not count)."""
         if seconds is None:
             return _no_deadline
         flavour = self._flavour
 
         def bound() -> _Deadline:
-            return _Deadline(seconds, flavour, request, _STALLED)
+            left = seconds if scan is None else scan.stall_left()
+            return _Deadline(left, flavour, request, _STALLED)
 
         return bound
 
@@ -351,7 +361,8 @@ class _AsyncShell(_Shell):
         chunks = stream.__aiter__()
         head: list[bytes] = []
         size = 0
-        stall = self._stall(effect.stall, effect.request)
+        scan = effect.scan
+        stall = self._stall(effect.stall, effect.request, scan)
         try:
             with self._deadline(effect.deadline, effect.request):
                 while size < effect.limit:
@@ -359,6 +370,8 @@ class _AsyncShell(_Shell):
                         chunk = await chunks.__anext__()
                     head.append(chunk)
                     size += len(chunk)
+                    if scan is not None and scan.feed(chunk):
+                        break  # scan: the head ends where the core's reader says
         except StopAsyncIteration:
             await stream.aclose()
             response.stream = self._flavour.ByteStream(b"".join(head))
@@ -376,7 +389,7 @@ class _AsyncShell(_Shell):
             for chunk in head:
                 yield chunk
             try:
-                if effect.stall is None:
+                if effect.stall is None and scan is None:
                     async for chunk in chunks:
                         yield chunk
                 else:
@@ -386,6 +399,8 @@ class _AsyncShell(_Shell):
                                 chunk = await chunks.__anext__()
                         except StopAsyncIteration:
                             break
+                        if scan is not None:  # scan: every later chunk fed to the reader too
+                            scan.feed(chunk)
                         yield chunk
             except Exception as exc:
                 end.clear()

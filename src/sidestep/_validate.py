@@ -5,14 +5,23 @@ before the caller sees a byte, so it can refuse one a proxy rewrote or an
 upstream cut short and fail over instead (DESIGN §3.1):
 
 - a body declared ``application/json`` (or ``…+json``) must parse as JSON;
-- a ``text/event-stream`` body must be well-formed server-sent events; every
-  ``data:`` payload other than the ``[DONE]`` sentinel must parse as JSON
-  when the stream's payloads are JSON; and the stream must reach its
-  dialect's end: ``data: [DONE]`` for OpenAI chat and completions, a
-  ``response.completed``, ``response.failed`` or ``response.incomplete``
-  event for OpenAI Responses, ``message_stop`` for Anthropic Messages. A
-  stream of another dialect needs only the clean end of its connection,
-  which a buffered body has already reached.
+- a ``text/event-stream`` body of a dialect the LLM SDKs read (the path
+  names it, else its first JSON payload's shape does) passes exactly when
+  that SDK's own decoder reads it whole without an error (`_sse` parses it
+  as they do) — and reaches its dialect's end, which the SDKs do not ask
+  for but which tells a stream cut short: ``data: [DONE]`` for OpenAI chat
+  and completions, a ``response.completed``, ``response.failed`` or
+  ``response.incomplete`` event for OpenAI Responses, ``message_stop`` for
+  Anthropic Messages. What the SDKs refuse: a line that is not UTF-8, a
+  payload the SDK parses that is not JSON, an error (OpenAI: a payload with
+  an ``error``; Anthropic: an ``error`` event); what they pass over passes
+  (OpenAI: everything after ``[DONE]``; Anthropic: pings, unnamed events,
+  events without data);
+- a stream of another dialect must be well-formed server-sent events (every
+  line a comment or a field; fields SSE does not know are ignored when their
+  name is a plain token), and every ``data:`` payload but ``[DONE]`` must
+  parse as JSON when the stream's payloads are JSON. It needs only the clean
+  end of its connection, which a buffered body has already reached.
 
 Any other content type passes. What is wrong is said in words: a problem
 never quotes the body.
@@ -21,22 +30,15 @@ never quotes the body.
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Iterator
 
 from ._encodings import Undecodable, decoded_body
+from ._sse import CHAT, MESSAGES, RESPONSES, UNDECODABLE, Event, EventParser, dialect_of
 
 __all__ = ["body_problem"]
 
 _DONE = "[DONE]"
-_LINE_END = re.compile(r"\r\n|\r|\n")  # SSE's own: not str.splitlines' many
-_SSE_FIELDS = frozenset({"data", "event", "id", "retry"})
 _RESPONSES_ENDS = frozenset({"response.completed", "response.failed", "response.incomplete"})
-
-# The dialects whose end is known, and the end each must reach.
-CHAT = "openai-chat"
-RESPONSES = "openai-responses"
-MESSAGES = "anthropic-messages"
+_NOT_UTF8 = "the event stream is not UTF-8"
 
 
 def body_problem(
@@ -48,9 +50,9 @@ def body_problem(
 ) -> str | None:
     """What is wrong with a whole 2xx `body`, in words; None when it is valid or cannot be told.
 
-    `path` is the request's URL path (it names the dialect of a stream that
-    says nothing of its own); `limit` bounds the decoded size, past which the
-    body is not checked.
+    `path` is the request's URL path, which names a stream's dialect (else
+    its first JSON object's shape does); `limit` bounds the decoded size,
+    past which the body is not checked.
 
     >>> body_problem("application/json", None, b'{"a": 1', "/v1/x", 1024)
     'the JSON body does not parse'
@@ -70,9 +72,6 @@ def body_problem(
     return _stream_problem(decoded, path)
 
 
-_FIELD_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
-
-
 def _parses(data: bytes | str) -> bool:
     try:
         json.loads(data)
@@ -81,82 +80,107 @@ def _parses(data: bytes | str) -> bool:
     return True
 
 
-def _events(text: str) -> Iterator[tuple[str | None, str | None]]:
-    """Each event's ``(event name, data)``; raises ValueError on a line that is no SSE field.
-
-    Fields the protocol does not know are ignored, as the SSE rules say, when
-    their name is a plain token (`x-proxy-note: cached`); a line that is no
-    field at all (an HTML page served as a stream) is malformed.
-    """
-    name: str | None = None
-    data: list[str] = []
-    for line in _LINE_END.split(text):
-        if not line:
-            if data or name is not None:
-                yield name, "\n".join(data) if data else None
-            name, data = None, []
-            continue
-        if line.startswith(":"):
-            continue  # a comment (a keep-alive)
-        field, _, value = line.partition(":")
-        if field not in _SSE_FIELDS:
-            if _FIELD_NAME.fullmatch(field):
-                continue  # a field the protocol does not know: ignored, as SSE says
-            raise ValueError("a line that is no server-sent event field")
-        value = value.removeprefix(" ")
-        if field == "data":
-            data.append(value)
-        elif field == "event":
-            name = value
-    if data or name is not None:
-        yield name, "\n".join(data) if data else None  # the clean end dispatches the last event
-
-
-def _stream_problem(decoded: bytes, path: str) -> str | None:
+def _json(data: str) -> tuple[bool, object]:
     try:
-        text = decoded.decode("utf-8").removeprefix("\ufeff")  # one byte-order mark may lead
-    except UnicodeDecodeError:
-        return "the event stream is not UTF-8"
-    try:
-        events = list(_events(text))
-    except ValueError as exc:
-        return f"the event stream is malformed: {exc}"
-    payloads: list[object] = []
-    invalid = 0
-    first_invalid = 0
+        return True, json.loads(data)
+    except (ValueError, RecursionError):
+        return False, None
+
+
+def _events(body: bytes) -> tuple[list[Event], int]:
+    parser = EventParser()
+    events = parser.feed(body)
+    events += parser.finish()
+    return events, parser.malformed
+
+
+def _stream_problem(body: bytes, path: str) -> str | None:
+    events, malformed = _events(body)
+    dialect = dialect_of(path) or _shape(events)
+    if dialect == MESSAGES:
+        return _messages_problem(events)
+    if dialect is not None:
+        return _openai_problem(events, dialect)
+    return _other_problem(events, malformed)
+
+
+def _openai_problem(events: list[Event], dialect: str) -> str | None:
+    """As the OpenAI SDK's stream reads it: up to ``[DONE]``, every event's data JSON,
+    none carrying an ``error`` (but a thread's)."""
     done = False
-    names: list[str] = []
-    for n, (name, data) in enumerate(events, 1):
-        if name is not None:
-            names.append(name)
-        if data is None:
-            continue
-        if data.strip() == _DONE:
+    types: set[str] = set()
+    for n, event in enumerate(events, 1):
+        if event is UNDECODABLE:
+            return _NOT_UTF8
+        data = event.data or ""
+        if data.startswith(_DONE):
             done = True
-            continue
-        try:
-            payloads.append(json.loads(data))
-        except (ValueError, RecursionError):
-            payloads.append(None)
-            invalid += 1
-            first_invalid = first_invalid or n
-    dialect = _dialect(path, payloads)
-    parsed = [p for p in payloads if isinstance(p, (dict, list))]
-    if invalid and (parsed or dialect is not None):
-        return f"event {first_invalid} of the stream is not JSON ({invalid} such)"
-    types = set(names) | {p.get("type") for p in parsed if isinstance(p, dict)}
+            break
+        parsed, payload = _json(data)
+        if not parsed:
+            return f"event {n} of the stream is not JSON"
+        if isinstance(payload, dict):
+            if payload.get("error") and not (event.name or "").startswith("thread."):
+                return f"event {n} of the stream is an error"
+            kind = payload.get("type")
+            if isinstance(kind, str):
+                types.add(kind)
     if dialect == CHAT and not done:
         return "the stream ends before its [DONE]"
     if dialect == RESPONSES and not types & _RESPONSES_ENDS:
         return "the stream ends before its response.completed, .failed or .incomplete event"
-    if dialect == MESSAGES and "message_stop" not in types:
-        return "the stream ends before its message_stop event"
     return None
 
 
-def _dialect(path: str, payloads: list[object]) -> str | None:
-    """The stream's dialect: by its first JSON object's shape, else by the request's path."""
-    for payload in payloads:
+def _messages_problem(events: list[Event]) -> str | None:
+    """As the Anthropic SDK's stream reads it: pings, unnamed events and events without
+    data passed over, an ``error`` event refused, every other event's data JSON."""
+    stopped = False
+    for n, event in enumerate(events, 1):
+        if event is UNDECODABLE:
+            return _NOT_UTF8
+        if event.name is None or event.name == "ping":
+            continue
+        if event.name == "error":
+            return f"event {n} of the stream is an error"
+        if not event.data:
+            continue
+        parsed, payload = _json(event.data)
+        if not parsed:
+            return f"event {n} of the stream is not JSON"
+        if isinstance(payload, dict) and payload.get("type") == "message_stop":
+            stopped = True
+    return None if stopped else "the stream ends before its message_stop event"
+
+
+def _other_problem(events: list[Event], malformed: int) -> str | None:
+    if malformed:
+        return "the event stream is malformed: a line that is no server-sent event field"
+    invalid = 0
+    first_invalid = 0
+    parsed = False
+    for n, event in enumerate(events, 1):
+        if event is UNDECODABLE:
+            return _NOT_UTF8
+        data = event.data
+        if data is None or data.strip() == _DONE:
+            continue
+        ok, payload = _json(data)
+        if not ok:
+            invalid += 1
+            first_invalid = first_invalid or n
+        parsed = parsed or isinstance(payload, (dict, list))
+    if invalid and parsed:
+        return f"event {first_invalid} of the stream is not JSON ({invalid} such)"
+    return None
+
+
+def _shape(events: list[Event]) -> str | None:
+    """A stream's dialect by its first JSON object's shape, when its path names none."""
+    for event in events:
+        if event is UNDECODABLE or not event.data:
+            continue
+        _, payload = _json(event.data)
         if not isinstance(payload, dict):
             continue
         kind = payload.get("type")
@@ -168,12 +192,5 @@ def _dialect(path: str, payloads: list[object]) -> str | None:
             isinstance(kind, str) and kind.startswith(("content_block_", "message_"))
         ):
             return MESSAGES
-        break
-    path = path.rstrip("/")
-    if path.endswith(("/chat/completions", "/completions")):
-        return CHAT
-    if path.endswith("/responses"):
-        return RESPONSES
-    if path.endswith("/messages"):
-        return MESSAGES
+        return None
     return None
