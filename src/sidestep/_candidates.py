@@ -70,7 +70,7 @@ class Candidacy(CoreState):
         cands = run.cands
         held = run.holds_state
         if held is None:
-            held = cands.pinned or self._names_state(run)
+            held = cands.pinned or (bool(run.body) and self._names_state(run))
             run.holds_state = held
         if held:
             run.excluded += (target,)
