@@ -126,6 +126,11 @@ SCRIPT: list[tuple[str, str, str, str, float]] = [
     ("GET", ORIGIN + "/v1/models", "ok", "ok", 0),
     ("GET", "http://unrouted.example/a", "503", "ok", 0),
     ("GET", "http://unrouted.example/a", "ok", "ok", 0),  # the failing endpoint reset
+    # Requests naming state the primary's provider keeps never move to the backup.
+    ("GET", "http://llm.internal/v1/files/f1", "503", "ok", 0),  # the primary's 503 comes back
+    ("POST", "http://llm.internal/v1/responses", "503", "ok", 0),  # no state: opens, moves
+    ("GET", "http://llm.internal/v1/responses/r1", "ok", "ok", 0),  # all suspended, backup not
+    ("GET", "http://llm.internal/v1/models", "ok", "ok", 0),  # the backup's
 ]
 # Sync only: while the request is in flight, the script sends another one through the transport.
 RACES = [

@@ -317,6 +317,7 @@ def test_stdlib_records_carry_redacted_fields(caplog: pytest.LogCaptureFixture) 
     ("event", "level"),
     [
         ("candidate.skipped", logging.DEBUG),
+        ("candidate.excluded", logging.DEBUG),
         ("failover", logging.DEBUG),
         ("upstream.failed", logging.DEBUG),
         ("circuit.half_open", logging.INFO),

@@ -539,9 +539,9 @@ def test_percent_encoded_path_survives_failover(make: MakeDriver, a: Upstream, b
     """An encoded slash or question mark reaches the backup encoded, never as a new segment or query."""
     a.behaviour = unavailable
     d = make(pair(a, b))
-    d.get(a.url + "/v1/files/a%2Fb?x=1")
-    d.get(a.url + "/v1/files/what%3Fadmin=1")
-    assert [s.path for s in b.seen] == ["/v1/files/a%2Fb?x=1", "/v1/files/what%3Fadmin=1"]
+    d.get(a.url + "/v1/docs/a%2Fb?x=1")
+    d.get(a.url + "/v1/docs/what%3Fadmin=1")
+    assert [s.path for s in b.seen] == ["/v1/docs/a%2Fb?x=1", "/v1/docs/what%3Fadmin=1"]
 
 
 def test_commit_complete_still_honours_first_byte_timeout(

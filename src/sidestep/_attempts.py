@@ -194,7 +194,10 @@ class Core(Candidacy, Committing, Endings, Watching):
         healthy = self._healthy
         quick = self._quick and cands.plain
         targets = cands.targets
+        others = cands.others
         for index, target in enumerate(targets):
+            if index and index in others and self._kept_out(run, target):
+                continue  # the request names state kept by its own target's provider
             if quick:
                 # (a lane's first candidate found not healthy above is not asked twice)
                 seq = None if unhealthy is target.origin else healthy(target.origin)
@@ -306,6 +309,8 @@ class Core(Candidacy, Committing, Endings, Watching):
                         break
                     if run.body is None and run.tried:
                         break  # a one-shot body was sent once already; it cannot be replayed
+                    if index in run.cands.others and self._kept_out(run, target):
+                        continue  # the request names state kept by its own target's provider
                     self._candidate(run, index, target)
                     facts = self._scope_facts(run, target)
                     now = self.clock()

@@ -1,9 +1,10 @@
 """A request's candidates, and the request rebuilt for each of them.
 
 request -> route -> candidates: the route a request matches (remembered,
-bounded), or its own origin; the body it can replay; and, per target, the
-request rewritten (URL, Host, headers, JSON fields, credentials kept only
-where they may go).
+bounded), or its own origin; the body it can replay; the candidates a
+request naming provider state never reaches; and, per target, the request
+rewritten (URL, Host, headers, JSON fields, credentials kept only where they
+may go).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ._routes import (
 )
 from ._run import CoreState, Run, remember
 from ._scopes import ScopeFacts, origin_key
+from .logging import emit
 
 __all__ = ["Candidacy"]
 
@@ -55,6 +57,41 @@ class Candidacy(CoreState):
             own = self._own.get(where) or self._own_origin(where, url)
             cands = replace(own, rest=path)
         return remember(self._matched, key, cands)  # the same answer every time
+
+    def _kept_out(self, run: Run, target: CompiledTarget) -> bool:
+        """Whether a candidate on another provider account than the request's own target
+        (`Candidates.others`) is left out because the request names state kept there.
+
+        Asked only as the request would move to such a candidate, once per
+        request: its path was judged with its candidates, its body is looked
+        at now. A candidate left out costs no attempt; it is named in the
+        attribution and, when the request is watched, by `candidate.excluded`.
+        """
+        cands = run.cands
+        held = run.holds_state
+        if held is None:
+            held = cands.pinned or (bool(run.body) and self._names_state(run))
+            run.holds_state = held
+        if held:
+            run.excluded += (target,)
+            if run.watched:
+                emit(
+                    "candidate.excluded",
+                    route=cands.name,
+                    target=target.name,
+                    own=cands.targets[0].name,
+                    reason="provider_state",
+                    rule="path" if cands.pinned else "body",
+                )
+        return held
+
+    def _names_state(self, run: Run) -> bool:
+        """Whether the request's body names state kept by one provider (a body still to
+        stream, sent once, is not looked at)."""
+        route = run.cands.route
+        state = None if route is None else route.state
+        body = run.body
+        return state is not None and body is not None and state.names_state(body)
 
     def _candidate(self, run: Run, index: int, target: CompiledTarget) -> None:
         """Candidate `index`'s request and body, kept as `run.sent` and `run.sent_body`:

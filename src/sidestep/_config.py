@@ -46,6 +46,7 @@ __all__ = [
     "FailoverOverrides",
     "FailoverPolicy",
     "FailureRate",
+    "ProviderState",
     "Route",
     "SidestepConfigWarning",
     "SuspensionWindow",
@@ -420,6 +421,69 @@ class Suspensions(_Model):
         }[reason]
 
 
+# A path segment as it travels (percent-encoded), or "*" for any one segment.
+_PATH_SEGMENT = re.compile(r"\*|(?:[A-Za-z0-9\-._~!$&'()+,;=:@]|%[0-9A-Fa-f]{2})+")
+_PATH_HELP = (
+    "a path pattern is relative to the route's URL and starts with '/', such as '/jobs'"
+    " or '/jobs/*/logs' ('*' stands for one whole segment)"
+)
+
+
+def _check_path_pattern(value: str) -> str:
+    if not value.startswith("/") or value.strip("/") == "":
+        raise ValueError(_PATH_HELP)
+    for segment in value.strip("/").split("/"):
+        if not segment:
+            raise ValueError("a path pattern must not have an empty segment ('//')")
+        if segment in (".", ".."):
+            raise ValueError("a path pattern must not have a '.' or '..' segment")
+        if not _PATH_SEGMENT.fullmatch(segment):
+            raise ValueError(
+                "a path pattern's segment is '*' or characters a path may hold"
+                " (percent-encoded; no whitespace, '?', '#' or '*' inside a segment)"
+            )
+    return value.rstrip("/")
+
+
+def _check_field_name(value: str) -> str:
+    if not value or any(ch.isspace() or ch in '"\\' or not ch.isprintable() for ch in value):
+        raise ValueError(
+            "a field name must be non-empty, without whitespace, quotes or backslashes"
+        )
+    return value
+
+
+_PathPattern = Annotated[str, AfterValidator(_check_path_pattern)]
+_FieldName = Annotated[str, AfterValidator(_check_field_name)]
+
+
+class ProviderState(_Model):
+    """Which requests of a route name state kept by one provider (DESIGN §12).
+
+    Such a request is never sent to a target on another origin, URL prefix or
+    credential than its own (the route's first candidate for it): it is
+    retried there as the policy allows, else its own answer is returned.
+    `builtin` turns on the OpenAI and Anthropic rules (`_provider_state`);
+    `paths` (relative to the route's URL, on segment boundaries, ``*`` one
+    segment) and `fields` (top-level JSON body fields) add the route's own.
+    In a file, ``auto`` is the default and ``none`` turns every rule off.
+    """
+
+    builtin: bool = True
+    paths: tuple[_PathPattern, ...] = ()
+    fields: tuple[_FieldName, ...] = ()
+
+
+def _provider_state_shorthand(value: object) -> object:
+    if value == "auto":
+        return {}
+    if value == "none":
+        return {"builtin": False}
+    if isinstance(value, str):
+        raise ValueError("must be 'auto', 'none' or a mapping of builtin, paths and fields")
+    return value
+
+
 class Target(_Model):
     """One upstream of a route: where to send, and what to add to the request.
 
@@ -478,6 +542,10 @@ class Route(_Model):
     # `validate` in the file: the name would shadow a pydantic method here
     validate_body: Literal["auto", "none"] = Field("auto", alias="validate")
     failover: FailoverOverrides = Field(default_factory=FailoverOverrides)
+    # requests naming state kept by one provider stay with their own target
+    provider_state: Annotated[ProviderState, BeforeValidator(_provider_state_shorthand)] = Field(
+        default_factory=ProviderState
+    )
     targets: list[Target]
 
     @field_validator("targets")

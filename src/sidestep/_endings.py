@@ -47,6 +47,8 @@ class Endings(CoreState):
         about = cands.about[index].copy()  # route, target, failover: as on a first attempt
         if run.attempts != 1:
             about["attempts"] = run.attempts
+        if run.excluded:  # left out: the request names state its own target's provider keeps
+            about["excluded"] = [t.name for t in run.excluded]
         response.extensions["sidestep"] = about
         return response
 
@@ -71,19 +73,20 @@ class Endings(CoreState):
         if error.retry_after is not None:
             headers.append(("retry-after-ms", str(math.ceil(error.retry_after * 1000))))
         headers += [("x-sidestep", "all_candidates_suspended"), ("x-should-retry", "false")]
+        about: dict[str, Any] = {
+            "route": run.route_name,
+            "target": None,
+            "attempts": 0,
+            "failover": False,
+        }
+        if run.excluded:
+            about["excluded"] = [t.name for t in run.excluded]
         return self.flavour.Response(
             503,
             headers=headers,
             content=unavailable_body(error),
             request=run.request,
-            extensions={
-                "sidestep": {
-                    "route": run.route_name,
-                    "target": None,
-                    "attempts": 0,
-                    "failover": False,
-                }
-            },
+            extensions={"sidestep": about},
         )
 
     def _episode(self, run: Run, skipped: list[tuple[CandidateStatus, float | None]]) -> int | None:

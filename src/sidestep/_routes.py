@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 
+from ._provider_state import StateRules
 from ._scopes import Fingerprinter, ScopeKey, ScopeKind, ascii_host, is_credential, origin_key
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = [
     "CompiledRoute",
     "CompiledTarget",
     "Router",
+    "account",
     "carried",
     "display_origin",
     "merge_json",
@@ -111,6 +113,7 @@ class CompiledRoute:
     validate: bool = False  # check the 2xx bodies buffered by commit: complete
     # no first-byte or stall limit and no rate limits to avoid: a 2xx is settled at its headers
     plain: bool = False
+    state: StateRules | None = None  # which requests name state kept by one provider
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +141,12 @@ class Candidates:
     # what `response.extensions["sidestep"]` says of a first attempt's answer, per
     # candidate: copied for each response
     about: tuple[dict[str, Any], ...] = ()
+    # The candidates on another provider account than the first (`account`), which a
+    # request naming state kept by one provider never reaches (`_provider_state`); empty
+    # when no rule of the route can hold a request to this path. `pinned`: the path
+    # names such state, so the body need not be looked at.
+    others: frozenset[int] = frozenset()
+    pinned: bool = False
 
     @classmethod
     def of(
@@ -148,10 +157,21 @@ class Candidates:
         origin: str,
         direct: bool,
         policy: FailoverPolicy,
+        others: frozenset[int] = frozenset(),
     ) -> Candidates:
-        """The candidates, with what follows from them."""
+        """The candidates, with what follows from them (`others`: the candidates on
+        another provider account than the first, kept if the route's rules may hold
+        requests to `rest` there)."""
         name = None if route is None else route.name
         quick = plain(policy) if route is None else route.plain
+        state = None if route is None else route.state
+        pinned = False
+        if state is None or not others:
+            others = frozenset()
+        else:
+            pinned = state.by_path(rest)
+            if not pinned and not state.bodies:
+                others = frozenset()  # no rule for its path, none for bodies
         return cls(
             route,
             targets,
@@ -167,6 +187,8 @@ class Candidates:
                 {"route": name, "target": t.name, "attempts": 1, "failover": i > 0}
                 for i, t in enumerate(targets)
             ),
+            others,
+            pinned,
         )
 
 
@@ -204,6 +226,9 @@ def compile_target(target: Any) -> CompiledTarget:
     )
 
 
+_Row = tuple[str, CompiledRoute, tuple[CompiledTarget, ...], bool, frozenset[int]]
+
+
 class Router:
     """The compiled routes of one configuration."""
 
@@ -211,8 +236,9 @@ class Router:
 
     def __init__(self, config: Config) -> None:
         self.routes: dict[str, CompiledRoute] = {}
-        # origin -> [(path prefix, route, candidates in order, direct)], longest prefix first
-        table: dict[str, list[tuple[str, CompiledRoute, tuple[CompiledTarget, ...], bool]]] = {}
+        # origin -> [(path prefix, route, candidates in order, direct, the candidates on
+        # another provider account than the first)], longest prefix first
+        table: dict[str, list[_Row]] = {}
         for route in config.routes:
             compiled = _compile_route(route, config.failover)
             self.routes[route.name] = compiled
@@ -221,10 +247,11 @@ class Router:
                 ordered = (first, *targets[:index], *targets[index + 1 :])
                 # The request's own URL serves as it is unless the target adds to it.
                 direct = not first.headers and not first.json_fields
-                table.setdefault(first.origin, []).append((first.path, compiled, ordered, direct))
+                row = (first.path, compiled, ordered, direct, _others(ordered))
+                table.setdefault(first.origin, []).append(row)
             for alias in route.match:
                 scheme, host, port, path = _split(alias)
-                row = (path, compiled, targets, False)
+                row = (path, compiled, targets, False, _others(targets))
                 table.setdefault(origin_key(scheme, host, port), []).append(row)
         for prefixes in table.values():
             prefixes.sort(key=lambda p: len(p[0]), reverse=True)
@@ -257,11 +284,24 @@ class Router:
         prefixes = self._table.get(origin)
         if not prefixes:
             return None
-        for prefix, route, targets, direct in prefixes:
+        for prefix, route, targets, direct, others in prefixes:
             if path == prefix or path.startswith(prefix + "/") or not prefix:
                 rest = path[len(prefix) :]
-                return Candidates.of(route, targets, rest, origin, direct, route.policy)
+                return Candidates.of(route, targets, rest, origin, direct, route.policy, others)
         return None
+
+
+def account(target: CompiledTarget) -> tuple[str, str, frozenset[tuple[str, str]]]:
+    """Where a target's provider state lives: its origin, its URL prefix, and the headers
+    it sets (its credential, and an organization or project a header may name). Targets
+    that set none send the caller's credential, the same to each on one origin."""
+    return target.origin, target.path, frozenset(target.headers)
+
+
+def _others(ordered: tuple[CompiledTarget, ...]) -> frozenset[int]:
+    """The positions of the candidates on another provider account than the first."""
+    own = account(ordered[0])
+    return frozenset(i for i, t in enumerate(ordered) if account(t) != own)
 
 
 def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
@@ -276,6 +316,11 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
         avoid_rate_limits=route.avoid_rate_limits,
         validate=route.commit == "complete" and route.validate_body == "auto",
         plain=plain(policy) and not route.avoid_rate_limits,
+        state=StateRules.of(
+            builtin=route.provider_state.builtin,
+            paths=route.provider_state.paths,
+            fields=route.provider_state.fields,
+        ),
     )
 
 

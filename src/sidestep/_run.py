@@ -90,6 +90,11 @@ class Run:
     received: Any = None
     watched = False  # someone listens: attempt and request events are emitted
     result = ""  # the latest attempt's result, as `attempt.finished` named it
+    # Whether the request names state kept by one provider: None until a candidate on
+    # another provider account would be tried (`Candidacy._kept_out`), its body looked
+    # at then; and the candidates left out for it, for the attribution.
+    holds_state: bool | None = None
+    excluded: tuple[CompiledTarget, ...] = ()
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None

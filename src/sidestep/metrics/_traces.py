@@ -6,8 +6,9 @@ sends, so the spans of an HTTP client instrumentation
 (``opentelemetry-instrumentation-httpx``) nest under the attempt. The core
 emits each ``*.finished`` in the thread or task of its ``*.started``, also
 when cancelled, so each span ends and its context is detached where it was
-attached. Skips, failovers, probes and circuit transitions are events of the
-innermost open span. A request that matches no route has no span of its own.
+attached. Skips, candidates left out for provider state, failovers, probes and
+circuit transitions are events of the innermost open span. A request that
+matches no route has no span of its own.
 """
 
 from __future__ import annotations
@@ -28,10 +29,21 @@ __all__ = ["Spans"]
 _SERVED = frozenset({"served", "served_after_failover"})
 _OK = frozenset({"success", "cancelled"})
 # The fields a span event carries: names and enumerations, never a URL or a value.
-_EVENT_FIELDS = ("target", "previous", "scope", "state", "reason", "enforced", "retry_in_s")
+_EVENT_FIELDS = (
+    "target",
+    "previous",
+    "scope",
+    "state",
+    "reason",
+    "enforced",
+    "retry_in_s",
+    "own",
+    "rule",
+)
 _EVENTS = frozenset(
     {
         "candidate.skipped",
+        "candidate.excluded",
         "failover",
         "probe.admitted",
         "circuit.opened",
