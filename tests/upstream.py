@@ -290,3 +290,15 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
+
+
+def release_after_seen(gate: threading.Event, upstream: Upstream, seconds: float) -> None:
+    """Set `gate` `seconds` after `upstream` has seen its first request (from a thread of
+    its own): an answer held by the gate then takes at least that long."""
+
+    def release() -> None:
+        wait_for(lambda: upstream.calls >= 1, timeout=60.0)  # a first SDK import may be slow
+        time.sleep(seconds)
+        gate.set()
+
+    threading.Thread(target=release, name="release", daemon=True).start()

@@ -90,6 +90,9 @@ class Run:
     received: Any = None
     watched = False  # someone listens: attempt and request events are emitted
     result = ""  # the latest attempt's result, as `attempt.finished` named it
+    # whether the request asked for a streamed answer (`_streaming`): None until the
+    # core first needs to know, which is only when a first_byte_timeout is set
+    streams: bool | None = None
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None
