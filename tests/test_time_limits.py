@@ -3,7 +3,8 @@
 `first_byte_timeout` (time to first token) bounds only answers that stream:
 a request that asks for a stream, or an answer that is an event stream. An
 answer that does not stream is bounded by the caller's own timeout, or by
-`response_timeout` where a route sets one.
+`response_timeout` where a route sets one. An error body read to classify
+it is read within the same limits.
 
 No test here depends on how fast the machine is: a slow answer is one the
 test holds until well past the limit, and an assertion is on what came back,
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from drivers import FakeClock, MakeDriver, route
+from drivers import FakeClock, MakeDriver, elapsed, route
 from sidestep._attempts import Core
 from sidestep._config import Config
 from sidestep._flavour import Flavour
@@ -107,6 +108,33 @@ def test_response_timeout_bounds_an_answer_that_does_not_stream(
     r = d.get(a.url + "/v1/x")
     assert (r.text, a.calls, b.calls) == ("b", 1, 1)
     assert scopes(d) == [("a", "open", "unavailable")]
+
+
+# -- an error body is read within the limits -----------------------------------------------------
+
+STALLED_429 = [b'{"error": {"type": "rate_limit_error", ', b'"message": "slow down"}}']
+
+
+@pytest.mark.parametrize(
+    ("failover", "body"),
+    [
+        ({"stall_timeout": LIMIT}, {"q": 1}),
+        ({"first_byte_timeout": LIMIT}, STREAMED),
+    ],
+    ids=["stall", "first-byte"],
+)
+def test_an_error_body_that_stalls_is_judged_by_its_status(
+    make: MakeDriver, a: Upstream, b: Upstream, failover: dict[str, Any], body: dict[str, Any]
+) -> None:
+    """A 429 whose body stalls is read no longer than stall_timeout (or the first-byte limit of a stream), then judged as the 429 it is: a POST goes to B and A is rate limited."""
+    a.behaviour = lambda _: Stream(
+        STALLED_429, status=429, headers={"content-type": "application/json"}, stall_after=1
+    )
+    d = make(pair(a, b, **failover))
+    r, took = elapsed(lambda: d.post(a.url + "/v1/chat", json=body))
+    assert (r.text, a.calls, b.calls) == ("b", 1, 1)
+    assert scopes(d) == [("a", "open", "rate_limited")]
+    assert took < CLIENT_TIMEOUT / 2  # a real socket's wait: far below the caller's own timeout
 
 
 # -- a probe's lease on a shared store -----------------------------------------------------------

@@ -15,6 +15,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Generator, Mapping
+from dataclasses import replace
 from operator import attrgetter, itemgetter
 from typing import Any
 
@@ -470,14 +471,21 @@ class Core(Candidacy, Committing, Endings, Watching):
         else:
             body = b""
             routed = not run.endpoint
+            stalled: BaseException | None = None
             if c11n.needs_body(status) and (routed or self._custom_classifier):
+                if stall is not None and not self._exact:
+                    self._shrink_read(request, stall)  # each socket read of the error body
                 try:
-                    head, _ = yield Read(response, request, BODY_PREFIX_LIMIT, deadline)
+                    head, _ = yield Read(
+                        response, request, BODY_PREFIX_LIMIT, fb_deadline, stall=stall
+                    )
                     encoding = response.headers.get("content-encoding")
                     body = decoded_head(head, encoding, BODY_PREFIX_LIMIT)
                 except Exception as exc:
                     yield Close(response)
-                    return Outcome(self._classify_error(request, exc, run), exc)
+                    if not self.flavour.is_timeout(exc) or self._closed_since(run):
+                        return Outcome(self._classify_error(request, exc, run), exc)
+                    stalled = exc  # judged by its status and headers alone (below)
                 except BaseException:
                     yield Close(response)  # cancelled mid-read: the connection must not leak
                     raise
@@ -495,6 +503,13 @@ class Core(Candidacy, Committing, Endings, Watching):
                     credentialed=bool(ticket.facts.credential),
                 )
             )
+            if stalled is not None:
+                # An error body that did not come in time: the verdict is still its
+                # status's (a 429 is a rate limit, a 403 without its explanation a 403),
+                # and the target, which kept the request waiting, is not asked again.
+                if verdict.kind is not Kind.SUCCESS:
+                    verdict = replace(verdict, timeout=True)
+                return Outcome(verdict, stalled)
         if verdict.kind is not Kind.SUCCESS:
             return Outcome(verdict, response)
         if isinstance(response.stream, self._byte_stream) or status < 200:
