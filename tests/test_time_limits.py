@@ -3,8 +3,8 @@
 `first_byte_timeout` (time to first token) bounds only answers that stream:
 a request that asks for a stream, or an answer that is an event stream. An
 answer that does not stream is bounded by the caller's own timeout, or by
-`response_timeout` where a route sets one. An error body read to classify
-it is read within the same limits.
+`response_timeout` where a route sets one. The limits hold on every path: an
+error body read to classify it, a body that trickles in.
 
 No test here depends on how fast the machine is: a slow answer is one the
 test holds until well past the limit, and an assertion is on what came back,
@@ -135,6 +135,36 @@ def test_an_error_body_that_stalls_is_judged_by_its_status(
     assert (r.text, a.calls, b.calls) == ("b", 1, 1)
     assert scopes(d) == [("a", "open", "rate_limited")]
     assert took < CLIENT_TIMEOUT / 2  # a real socket's wait: far below the caller's own timeout
+
+
+# -- total_timeout holds between chunks ----------------------------------------------------------
+
+TRICKLE = [b"%d " % n for n in range(40)]  # forty chunks, LIMIT / 2 apart: twenty limits
+
+
+def test_total_timeout_ends_a_body_that_trickles_in(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """A body whose chunks each come well within every read timeout still ends at total_timeout, with a timeout; the answer was flowing, so A's scope counts nothing."""
+    a.behaviour = lambda _: Stream(TRICKLE, delay=LIMIT / 2)
+    d = make(pair(a, b, total_timeout=2 * LIMIT))
+    with pytest.raises(d.http.TimeoutException):
+        d.get(a.url + "/v1/x")
+    assert (a.calls, b.calls) == (1, 0)
+    assert scopes(d) == []
+
+
+def test_total_timeout_ends_a_trickle_being_buffered(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """With commit: complete, a body buffered as it trickles in is given up at total_timeout, before the caller sees any of it."""
+    a.behaviour = lambda _: Stream(TRICKLE, delay=LIMIT / 2)
+    config = pair(a, b, total_timeout=2 * LIMIT)
+    config["routes"][0]["commit"] = "complete"
+    d = make(config)
+    with pytest.raises(d.http.TimeoutException):
+        d.get(a.url + "/v1/x")
+    assert (a.calls, b.calls) == (1, 0)
 
 
 # -- a probe's lease on a shared store -----------------------------------------------------------

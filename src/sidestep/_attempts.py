@@ -477,7 +477,12 @@ class Core(Candidacy, Committing, Endings, Watching):
                     self._shrink_read(request, stall)  # each socket read of the error body
                 try:
                     head, _ = yield Read(
-                        response, request, BODY_PREFIX_LIMIT, fb_deadline, stall=stall
+                        response,
+                        request,
+                        BODY_PREFIX_LIMIT,
+                        fb_deadline,
+                        stall=stall,
+                        end_by=deadline,
                     )
                     encoding = response.headers.get("content-encoding")
                     body = decoded_head(head, encoding, BODY_PREFIX_LIMIT)

@@ -79,7 +79,7 @@ class Committing(Verdicts):
                 if not ended:
                     limit = route.max_buffered_bytes
                     body, ended = yield Read(
-                        response, request, limit, run.deadline, on_error, end, stall
+                        response, request, limit, run.deadline, on_error, end, stall, run.deadline
                     )
                 if ended and route.validate:
                     invalid = self._invalid(response, request, body, route.max_buffered_bytes)
@@ -98,9 +98,13 @@ class Committing(Verdicts):
                 # Unrouted: no other candidate to move to, so nothing to wait for. The
                 # response goes to the caller at its headers, as plain httpx hands it
                 # over (a long poll may stay quiet for minutes); its end is the verdict.
-                _, ended = yield Read(response, request, 0, None, on_error, end, stall)
+                _, ended = yield Read(
+                    response, request, 0, None, on_error, end, stall, run.deadline
+                )
             else:
-                _, ended = yield Read(response, request, 1, fb_deadline, on_error, end, stall)
+                _, ended = yield Read(
+                    response, request, 1, fb_deadline, on_error, end, stall, run.deadline
+                )
         except Exception as exc:
             yield Close(response)
             return Outcome(self._classify_error(request, exc, run), exc)

@@ -37,6 +37,13 @@ class Read:
     alike: a silence that long raises the flavour's ReadTimeout. Shells that
     can bound a wait from outside (async) enforce it per chunk; the sync one
     relies on the read timeout the core set for the body's socket reads.
+
+    `deadline` bounds the head, `end_by` the rest (both on the core's clock):
+    a chunk not in by then raises the flavour's ReadTimeout. The async shell
+    cuts the wait at the deadline; the sync one, whose reads the core bounded
+    through the read timeout, compares the deadline with the clock as each
+    chunk comes in, so a body trickling in faster than the read timeout still
+    ends there.
     """
 
     response: Any
@@ -46,6 +53,7 @@ class Read:
     on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
     on_end: Callable[[], Generator[Any, Any, None]] | None = None
     stall: float | None = None
+    end_by: float | None = None
 
 
 @dataclass(slots=True)
