@@ -4,7 +4,8 @@
 a request that asks for a stream, or an answer that is an event stream. An
 answer that does not stream is bounded by the caller's own timeout, or by
 `response_timeout` where a route sets one. The limits hold on every path: an
-error body read to classify it, a body that trickles in.
+error body read to classify it, a body that trickles in, interim (1xx)
+responses before the headers.
 
 No test here depends on how fast the machine is: a slow answer is one the
 test holds until well past the limit, and an assertion is on what came back,
@@ -108,6 +109,27 @@ def test_response_timeout_bounds_an_answer_that_does_not_stream(
     r = d.get(a.url + "/v1/x")
     assert (r.text, a.calls, b.calls) == ("b", 1, 1)
     assert scopes(d) == [("a", "open", "unavailable")]
+
+
+def test_interim_responses_do_not_stretch_first_byte_timeout(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """A's 102 Processing interim responses, one every half limit for five limits, do not keep a stream's first-byte wait going: the request goes to B (a sync client when A's headers come, an async one at the limit)."""
+    a.behaviour = lambda _: Respond(body="a", interim=10, interim_every=LIMIT / 2)
+    d = make(pair(a, b, first_byte_timeout=LIMIT))
+    r = d.get(a.url + "/v1/x", headers=EVENT_STREAM)
+    assert (r.text, a.calls, b.calls) == ("b", 1, 1)
+    assert scopes(d) == [("a", "open", "unavailable")]
+
+
+def test_interim_responses_before_an_answer_in_time_are_passed_over(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Interim responses before headers that come within the first-byte limit change nothing: A answers."""
+    a.behaviour = lambda _: Respond(body="a", interim=2, interim_every=0.01)
+    d = make(pair(a, b, first_byte_timeout=5.0))
+    r = d.get(a.url + "/v1/x", headers=EVENT_STREAM)
+    assert (r.text, a.calls, b.calls) == ("a", 1, 0)
 
 
 # -- an error body is read within the limits -----------------------------------------------------

@@ -40,6 +40,10 @@ from .logging import emit, listening
 __all__ = ["Core"]
 
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+# Seconds past its deadline a sync attempt's headers may still come (the async shells give
+# the transport's own typed timeouts as long to fire first).
+_LATE = 0.1
+_LATE_HEADERS = "sidestep: the answer's headers came after the attempt's deadline"
 # The least read timeout set for a body: a socket's timeout of 0 does not wait at all, and
 # fails as a read error rather than a timeout.
 _LEAST_READ = 0.001
@@ -465,6 +469,14 @@ class Core(Candidacy, Committing, Endings, Watching):
                 response = received
         except Exception as exc:
             return Outcome(self._classify_error(request, exc, run), exc)
+        if fb_deadline is not None and not self._exact and self.clock() > fb_deadline + _LATE:
+            # A sync shell bounds the wait for the headers by the read timeout, which
+            # httpcore arms again for each interim (1xx) response, and separately from
+            # the connect and the write: headers that came after the deadline are an
+            # answer the async shells would have cut short, and fail as it would.
+            yield Close(response)
+            late = self.flavour.read_timeout(_LATE_HEADERS, request=request)
+            return Outcome(self._classify_error(request, late, run), late)
         status = response.status_code
         if status < 400 and not self._custom_classifier:
             verdict = SUCCESS
