@@ -81,10 +81,11 @@ def test_the_callers_request_keeps_its_timeouts_sent_twice(a: Upstream) -> None:
 
 
 def test_a_second_attempt_on_a_target_starts_from_the_callers_timeouts(a: Upstream) -> None:
-    """Two attempts on one target (a 429 asking no wait, then a 200), with a first-byte
-    and a stall limit: the second attempt's body reads are bounded by the stall limit
-    against the caller's read timeout (5 s), not against the first attempt's shrunk
-    one (the 2 s first-byte limit, which the request kept for the retry carried)."""
+    """Two attempts on one target (a 429 asking no wait, then a 200) of a request that
+    accepts an event stream, with a first-byte and a stall limit: the second attempt's
+    body reads are bounded by the stall limit against the caller's read timeout (5 s),
+    not against the first attempt's shrunk one (the 2 s first-byte limit, which the
+    request kept for the retry carried)."""
     answers = iter([Respond(429, "wait", {"retry-after-ms": "0"}), Respond(body="ok")])
     a.behaviour = lambda _: next(answers)
     config = {
@@ -105,7 +106,7 @@ def test_a_second_attempt_on_a_target_starts_from_the_callers_timeouts(a: Upstre
     with httpx.Client(
         transport=sidestep.FailoverTransport(config, transport=noting), timeout=100.0
     ) as client:
-        response = client.get("http://api.example/v1/x")
+        response = client.get("http://api.example/v1/x", headers={"accept": "text/event-stream"})
     assert response.text == "ok"
     assert response.extensions["sidestep"]["attempts"] == 2
     first, second = noting.timeouts

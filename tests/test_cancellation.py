@@ -210,7 +210,7 @@ async def test_cancelled_while_recording_loses_no_connection(a: Upstream) -> Non
 
 @pytest.mark.anyio
 async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstream) -> None:
-    """A pool wait past first_byte_timeout is a local PoolTimeout, not an outage of a healthy upstream."""
+    """A pool wait past first_byte_timeout (a request that accepts an event stream) is a local PoolTimeout, not an outage of a healthy upstream."""
     a.behaviour = lambda s: (
         Stream([b"x"] * 10, delay=0.1) if s.path == "/slow" else Respond(body="fast")
     )
@@ -230,7 +230,7 @@ async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstre
         await anyio.sleep(0.1)
         for _ in range(2):
             with pytest.raises(httpx.PoolTimeout):
-                await client.get(a.url + "/fast")
+                await client.get(a.url + "/fast", headers={"accept": "text/event-stream"})
     assert transport.suspensions() == []
 
 

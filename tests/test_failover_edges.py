@@ -216,7 +216,7 @@ def test_a_stalled_probe_fails_over_and_grows_the_window(
 def test_a_503_then_a_silence_ends_the_targets_attempts(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """With three attempts per target, A's 503 is retried in place, but the next attempt's first-byte timeout moves to B at once (A tried twice)."""
+    """With three attempts per target, A's 503 is retried in place, but the next attempt's first-byte timeout (the request asks to stream) moves to B at once (A tried twice)."""
     a.behaviour = lambda _: Respond(503) if a.calls == 1 else Hang()
     d = make(
         pair(
@@ -229,7 +229,7 @@ def test_a_503_then_a_silence_ends_the_targets_attempts(
             },
         )
     )
-    r, took = elapsed(lambda: d.post(a.url + "/v1/chat", json={"q": 1}))
+    r, took = elapsed(lambda: d.post(a.url + "/v1/chat", json={"q": 1, "stream": True}))
     assert (r.text, a.calls, b.calls) == ("b", 2, 1)
     assert took < 1.9  # a third attempt on A would take another second
 

@@ -179,7 +179,7 @@ def test_a_closed_generator_still_finishes_its_attempt_and_request(seen: Seen) -
             {"route": {"commit": "complete"}},
             "invalid_body",
         ),
-        (Hang(), {"failover": {"first_byte_timeout": 0.2}}, "timeout"),
+        (Hang(), {"failover": {"response_timeout": 0.2}}, "timeout"),
     ],
 )
 def test_each_attempt_result_is_named(

@@ -8,6 +8,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ import sidestep
 from llm_upstream import SDKS, ForwardingProxy, Sdk, llm, unavailable
 from sidestep._config import SidestepConfigWarning
 from sidestep._transport import _Shell
-from upstream import Action, Respond, Seen, Stream, Upstream
+from upstream import Action, Behaviour, Hang, Respond, Seen, Stream, Upstream, release_after_seen
 
 COLOURS = ("sync", "async")
 RETRY_AFTER = 30  # seconds: the cooldown, and the Retry-After of an all-suspended answer
@@ -404,3 +405,44 @@ def test_an_openai_chat_stream_that_names_its_role_then_stalls_is_answered_by_th
     config = llm_config(sdk, a, b, first_byte_timeout=1.0, retry_ambiguous=True)
     http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
     assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client, stream=True))
+
+
+# -- first_byte_timeout is a time to first token: for streams only -----------------------------
+
+FIRST_TOKEN = 0.2  # first_byte_timeout, in seconds
+THINKING = 0.6  # how long a held answer is kept back, at least
+
+
+def held(behaviour: Behaviour, gate: threading.Event) -> Behaviour:
+    """`behaviour`, each of its answers that does not stream held until `gate` is set."""
+
+    def holding(seen: Seen) -> Action:
+        action = behaviour(seen)
+        return replace(action, gate=gate) if isinstance(action, Respond) else action
+
+    return holding
+
+
+def test_a_slow_answer_that_does_not_stream_is_returned_and_opens_no_circuit(
+    sdk: Sdk, is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """A non-streaming call whose healthy answer comes well after first_byte_timeout (a reasoning model thinking) returns that answer at the first attempt, and the primary's circuit stays closed."""
+    gate = threading.Event()
+    a.behaviour = held(llm("a"), gate)
+    release_after_seen(gate, a, THINKING)
+    config = llm_config(sdk, a, b, retry_ambiguous=True, first_byte_timeout=FIRST_TOKEN)
+    http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
+    assert ask(sdk, is_async, a, http_client) == "hello from a"
+    assert (a.calls, b.calls) == (1, 0)
+    assert http_client._transport.suspensions() == []
+
+
+def test_a_stream_with_no_first_token_in_time_is_answered_by_the_backup(
+    sdk: Sdk, is_async: bool, a: Upstream, b: Upstream
+) -> None:
+    """A streaming call whose primary sends nothing within first_byte_timeout reads the backup's stream, and the primary's silence opens its circuit."""
+    a.behaviour = lambda _: Hang()
+    config = llm_config(sdk, a, b, retry_ambiguous=True, first_byte_timeout=FIRST_TOKEN)
+    http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
+    assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client, stream=True))
+    assert [s.target for s in http_client._transport.suspensions()] == ["primary"]

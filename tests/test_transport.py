@@ -14,6 +14,8 @@ import sidestep
 from drivers import Driver, FakeClock, MakeDriver, Result, elapsed, route
 from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream, free_port, wait_for
 
+EVENT_STREAM = {"accept": "text/event-stream"}  # a request that asks for a streamed answer
+
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
     return route(("a", a.url + "/v1"), ("b", b.url + "/v1"), **extra)
@@ -118,7 +120,7 @@ def test_retry_ambiguous_lets_a_post_fail_over(make: MakeDriver, a: Upstream, b:
 def test_connect_that_hangs_past_first_byte_timeout_fails_over_a_post(
     make: MakeDriver, b: Upstream
 ) -> None:
-    """A connect that never completes is "nothing sent": even a POST fails over within the limit."""
+    """A connect that never completes is "nothing sent": even a POST that asks to stream fails over within the first-byte limit."""
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(0)
@@ -135,7 +137,7 @@ def test_connect_that_hangs_past_first_byte_timeout_fails_over_a_post(
             route(("a", dead + "/v1"), ("b", b.url + "/v1"), failover={"first_byte_timeout": 0.4}),
             timeout=10,
         )
-        r, took = elapsed(lambda: d.post(dead + "/v1/x", json={"q": 1}))
+        r, took = elapsed(lambda: d.post(dead + "/v1/x", json={"q": 1, "stream": True}))
         assert r.text == "b"
         assert took < 2.0
     finally:
@@ -248,10 +250,10 @@ def test_streamed_answer_from_the_backup_arrives_whole(
 def test_first_byte_timeout_fails_over_a_stalled_stream(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """A sends 200 headers and then nothing: with first_byte_timeout 0.5 B answers within about a second."""
+    """A sends 200 headers and then nothing to a request that accepts an event stream: with first_byte_timeout 0.5 B answers within about a second."""
     a.behaviour = lambda _: HeadersThenHang()
     d = make(pair(a, b, failover={"first_byte_timeout": 0.5}), timeout=10)
-    r, took = elapsed(lambda: d.get(a.url + "/v1/x"))
+    r, took = elapsed(lambda: d.get(a.url + "/v1/x", headers=EVENT_STREAM))
     assert r.text == "b"
     assert took < 2.0
 
@@ -547,11 +549,11 @@ def test_percent_encoded_path_survives_failover(make: MakeDriver, a: Upstream, b
 def test_commit_complete_still_honours_first_byte_timeout(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """With commit: complete, headers followed by silence fail over after first_byte_timeout."""
+    """With commit: complete, headers followed by silence fail over after first_byte_timeout (a request that accepts an event stream)."""
     a.behaviour = lambda _: HeadersThenHang()
     config = pair(a, b, route={"commit": "complete"}, failover={"first_byte_timeout": 0.4})
     d = make(config, timeout=10)
-    r, took = elapsed(lambda: d.get(a.url + "/v1/x"))
+    r, took = elapsed(lambda: d.get(a.url + "/v1/x", headers=EVENT_STREAM))
     assert r.text == "b"
     assert took < 2.0
 

@@ -40,6 +40,8 @@ class Respond:
     body: bytes | str | dict[str, Any] = b"ok"
     headers: dict[str, str] = field(default_factory=dict)
     gate: threading.Event | None = None  # when given, answer only once it is set
+    interim: int = 0  # "102 Processing" interim responses sent first, `interim_every` apart
+    interim_every: float = 0.1
 
 
 @dataclass
@@ -190,6 +192,10 @@ class Upstream:
         self, action: Action, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         if isinstance(action, Respond):
+            for _ in range(action.interim):
+                writer.write(b"HTTP/1.1 102 Processing\r\n\r\n")
+                await writer.drain()
+                await asyncio.sleep(action.interim_every)
             while action.gate is not None and not action.gate.is_set():  # noqa: ASYNC110  # a thread's Event
                 await asyncio.sleep(0.005)
             body = action.body
@@ -290,3 +296,15 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         time.sleep(0.01)
+
+
+def release_after_seen(gate: threading.Event, upstream: Upstream, seconds: float) -> None:
+    """Set `gate` `seconds` after `upstream` has seen its first request (from a thread of
+    its own): an answer held by the gate then takes at least that long."""
+
+    def release() -> None:
+        wait_for(lambda: upstream.calls >= 1, timeout=60.0)  # a first SDK import may be slow
+        time.sleep(seconds)
+        gate.set()
+
+    threading.Thread(target=release, name="release", daemon=True).start()

@@ -176,7 +176,7 @@ class Committing(Verdicts):
                 if not ended:
                     limit = route.max_buffered_bytes
                     body, ended = yield Read(
-                        response, request, limit, run.deadline, on_error, end, stall
+                        response, request, limit, run.deadline, on_error, end, stall, run.deadline
                     )
                 if ended and route.validate:
                     invalid = self._invalid(response, request, body, route.max_buffered_bytes)
@@ -195,10 +195,20 @@ class Committing(Verdicts):
                 # Unrouted: no other candidate to move to, so nothing to wait for. The
                 # response goes to the caller at its headers, as plain httpx hands it
                 # over (a long poll may stay quiet for minutes); its end is the verdict.
-                _, ended = yield Read(response, request, 0, None, on_error, end, stall)
+                _, ended = yield Read(
+                    response, request, 0, None, on_error, end, stall, run.deadline
+                )
             else:
                 _, ended = yield Read(
-                    response, request, head, fb_deadline, on_error, end, stall, watch
+                    response,
+                    request,
+                    head,
+                    fb_deadline,
+                    on_error,
+                    end,
+                    stall,
+                    run.deadline,
+                    watch,
                 )
                 failed = self._error_event(run, request, ticket, response, watch)
                 if failed is not None:

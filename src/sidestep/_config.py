@@ -350,7 +350,8 @@ class FailoverPolicy(_Model):
     max_attempts_per_target: _Count = 1
     max_retry_wait: _NonNegativeDuration = 5.0
     total_timeout: _PositiveDuration | None = None
-    first_byte_timeout: _PositiveDuration | None = None
+    first_byte_timeout: _PositiveDuration | None = None  # answers that stream only
+    response_timeout: _PositiveDuration | None = None  # any answer's first body byte
     stall_timeout: _PositiveDuration | None = None
     retry_ambiguous: bool = False
     on_context_overflow: bool = True
@@ -365,6 +366,7 @@ class FailoverOverrides(_Model):
     max_retry_wait: _NonNegativeDuration | None = None
     total_timeout: _PositiveDuration | None = None
     first_byte_timeout: _PositiveDuration | None = None
+    response_timeout: _PositiveDuration | None = None
     stall_timeout: _PositiveDuration | None = None
     retry_ambiguous: bool | None = None
     on_context_overflow: bool | None = None

@@ -50,6 +50,13 @@ class Read:
     can bound a wait from outside (async) enforce it per chunk; the sync one
     relies on the read timeout the core set for the body's socket reads.
 
+    `deadline` bounds the head, `end_by` the rest (both on the core's clock):
+    a chunk not in by then raises the flavour's ReadTimeout. The async shell
+    cuts the wait at the deadline; the sync one, whose reads the core bounded
+    through the read timeout, compares the deadline with the clock as each
+    chunk comes in, so a body trickling in faster than the read timeout still
+    ends there.
+
     `scan`, when given, is fed every chunk of the body as it is read, head and
     rest alike; the head ends when it says so (or at `limit` bytes), and each
     wait for a chunk lasts at most its `stall_left()` rather than `stall`.
@@ -62,6 +69,7 @@ class Read:
     on_error: Callable[[BaseException], Generator[Any, Any, None]] | None = None
     on_end: Callable[[], Generator[Any, Any, None]] | None = None
     stall: float | None = None
+    end_by: float | None = None
     scan: Scan | None = None
 
 

@@ -111,7 +111,8 @@ class CompiledRoute:
     first_token: bool = False  # an event stream's commit point is its first content
     avoid_rate_limits: bool = False
     validate: bool = False  # check the 2xx bodies buffered by commit: complete
-    # no first-byte or stall limit and no rate limits to avoid: a 2xx is settled at its headers
+    # no first-byte, response or stall limit, no rate limits to avoid: a 2xx is settled at
+    # its headers
     plain: bool = False
     state: StateRules | None = None  # which requests name state kept by one provider
 
@@ -325,8 +326,13 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
 
 
 def plain(policy: FailoverPolicy) -> bool:
-    """Whether a policy sets no first-byte or stall limit: nothing to watch after the headers."""
-    return policy.first_byte_timeout is None and policy.stall_timeout is None
+    """Whether a policy sets no first-byte, response or stall limit: nothing to watch after
+    the headers."""
+    return (
+        policy.first_byte_timeout is None
+        and policy.response_timeout is None
+        and policy.stall_timeout is None
+    )
 
 
 def rewrite_headers(

@@ -95,6 +95,9 @@ class Run:
     # at then; and the candidates left out for it, for the attribution.
     holds_state: bool | None = None
     excluded: tuple[CompiledTarget, ...] = ()
+    # whether the request asked for a streamed answer (`_streaming`): None until the
+    # core first needs to know, which is only when a first_byte_timeout is set
+    streams: bool | None = None
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None

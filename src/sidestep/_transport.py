@@ -31,6 +31,7 @@ _STORE_GRACE = 5.0  # seconds a store call may take, even while a cancellation u
 _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout to fire
 _NO_ANSWER = "sidestep: no answer within the request's deadline"
 _STALLED = "sidestep: the body stalled for longer than stall_timeout"
+_OUT_OF_TIME = "sidestep: total_timeout ran out while the body was read"
 
 
 class _Shell:
@@ -188,9 +189,14 @@ class _SyncShell(_Shell):
         head: list[bytes] = []
         size = 0
         scan = effect.scan
+        # deadlines: the core's, held against its clock as each chunk comes in (a read
+        # itself is bounded by the read timeout the core set)
+        clock, deadline, end_by = self._core.clock, effect.deadline, effect.end_by
         try:
             while size < effect.limit:
                 chunk = next(chunks)
+                if deadline is not None and clock() > deadline:
+                    raise self._flavour.read_timeout(_NO_ANSWER, request=effect.request)
                 head.append(chunk)
                 size += len(chunk)
                 if scan is not None and scan.feed(chunk):
@@ -211,11 +217,14 @@ class _SyncShell(_Shell):
         def rest() -> Iterator[bytes]:
             yield from head
             try:
-                if scan is None:
+                if scan is None and end_by is None:
                     yield from chunks
                 else:
-                    for chunk in chunks:  # scan: every later chunk fed to the reader too
-                        scan.feed(chunk)
+                    for chunk in chunks:
+                        if end_by is not None and clock() > end_by:  # (deadlines, as above)
+                            raise self._flavour.read_timeout(_OUT_OF_TIME, request=effect.request)
+                        if scan is not None:  # scan: every later chunk fed to the reader too
+                            scan.feed(chunk)
                         yield chunk
             except Exception as exc:
                 end.clear()
@@ -336,11 +345,13 @@ class _AsyncShell(_Shell):
             return ()  # the store did not answer in time: nothing was recorded
         raise TypeError(f"unknown effect {kind.__name__}")
 
-    def _deadline(self, deadline: float | None, request: Any, grace: float = 0.0) -> Any:
+    def _deadline(
+        self, deadline: float | None, request: Any, grace: float = 0.0, message: str = _NO_ANSWER
+    ) -> Any:
         if deadline is None:
             return _NO_DEADLINE
         seconds = max(0.0, deadline - self._core.clock()) + grace
-        return _Deadline(seconds, self._flavour, request)
+        return _Deadline(seconds, self._flavour, request, message)
 
     def _stall(self, seconds: float | None, request: Any, scan: Scan | None) -> Callable[[], Any]:
         """A new bound for each wait for a chunk: `seconds` of silence raise a ReadTimeout
@@ -377,6 +388,7 @@ class _AsyncShell(_Shell):
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
         on_error, drive = effect.on_error, self._drive
+        end_by, request = effect.end_by, effect.request  # (the rest's deadline)
         # The body's verdict is due once: at its end, at its failure, or when the
         # caller closes it early (a stream left at "[DONE]" was a success).
         end = [effect.on_end] if effect.on_end is not None else []
@@ -389,13 +401,13 @@ class _AsyncShell(_Shell):
             for chunk in head:
                 yield chunk
             try:
-                if effect.stall is None and scan is None:
+                if effect.stall is None and scan is None and effect.end_by is None:
                     async for chunk in chunks:
                         yield chunk
                 else:
                     while True:
                         try:
-                            with stall():
+                            with stall(), self._deadline(end_by, request, 0.0, _OUT_OF_TIME):
                                 chunk = await chunks.__anext__()
                         except StopAsyncIteration:
                             break

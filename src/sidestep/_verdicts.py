@@ -191,9 +191,15 @@ class Verdicts(CoreState):
     def _body_failed(
         self, ticket: Ticket, target: CompiledTarget, run: Run, request: Any, exc: BaseException
     ) -> Generator[Any, Any, None]:
-        """A committed body broke off: an availability failure of that scope, raised as it is."""
+        """A committed body broke off: an availability failure of that scope, raised as it is.
+
+        But a body cut by the request's own total_timeout: the answer was coming,
+        and the caller's time ran out; that says nothing of the upstream.
+        """
         verdict = self._classify_error(request, exc, run)
         if verdict.kind is Kind.FAILURE:
+            if verdict.timeout and run.deadline is not None and self.clock() >= run.deadline:
+                return
             ticket.done = False  # a probe's success was recorded at the commit point
             yield from self._record(ticket, verdict, target, run)
 
