@@ -169,11 +169,11 @@ def test_leading_whitespace_of_a_json_answer_is_held(
 def test_json_whitespace_does_not_count_as_the_first_byte(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """Whitespace every 0.1 s for 5 s does not keep a JSON answer from failing over after first_byte_timeout."""
+    """Whitespace every 0.1 s for 5 s does not keep a JSON answer (one that does not stream) from failing over after response_timeout."""
     json_type = {"content-type": "application/json"}
     a.behaviour = lambda _: Stream([b"\n"] * 50 + [b"{}"], headers=json_type, delay=0.1)
     b.behaviour = lambda _: Respond(body={"b": 1})
-    d = make(pair(a, b, failover={"first_byte_timeout": FIRST_BYTE}))
+    d = make(pair(a, b, failover={"response_timeout": FIRST_BYTE}))
     assert d.post(a.url + "/v1/x", json={}).extensions["sidestep"]["target"] == "b"
 
 
