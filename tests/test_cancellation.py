@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from typing import Any
 
@@ -23,6 +24,9 @@ from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+SSE = {"content-type": "text/event-stream"}
 
 
 def config(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
@@ -270,3 +274,128 @@ async def test_cancelled_requests_are_counted_and_count_against_no_scope(
     assert not [k for k in found if k[0] == "sidestep_circuit_transitions_total"]
     assert sum(v for k, v in found.items() if k[0] == "sidestep_suspended") == 0
     assert b.calls == 0
+
+
+class _KeptIterators(httpx.AsyncBaseTransport):
+    """Real sockets, each answer's body read through an async generator of its own that
+    counts the chunks it passes on and the times its `finally` ran."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.chunks = 0
+        self.finished = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        r = await self.inner.handle_async_request(request)
+        return httpx.Response(r.status_code, headers=r.headers, stream=_KeptStream(r.stream, self))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _KeptStream(httpx.AsyncByteStream):
+    def __init__(self, inner: Any, kept: _KeptIterators) -> None:
+        self.inner = inner
+        self.kept = kept
+
+    async def __aiter__(self) -> Any:
+        try:
+            async for chunk in self.inner:
+                self.kept.chunks += 1
+                yield chunk
+        finally:
+            self.kept.finished += 1
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+# (asyncio: under trio, httpx's own generators below this one warn when any stream is left
+# unfinished, with or without sidestep)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("limit", ["first_byte_timeout", "stall_timeout"])
+@pytest.mark.anyio
+async def test_a_head_given_up_between_keepalives_finishes_the_body_iterator(
+    a: Upstream, b: Upstream, limit: str
+) -> None:
+    """A stream failed over because a ping came past its limit before the first token has the body iterator sidestep started closed at once (its finally run), not left to the garbage collector."""
+    ping = b"event: ping\ndata: {}\n\n"
+    more = threading.Event()
+    a.behaviour = lambda _: Stream([ping, ping, ping], headers=SSE, release=more, stall_after=2)
+    clock = FakeClock()
+    inner = _KeptIterators()
+    failover = {"retry_ambiguous": True, limit: 30}
+    transport = sidestep.AsyncFailoverTransport(
+        config(a, b, failover=failover), transport=inner, clock=clock
+    )
+    async with httpx.AsyncClient(transport=transport, timeout=10) as client:
+
+        async def limit_passes() -> None:  # A's second ping comes after its limit
+            await anyio.to_thread.run_sync(lambda: wait_for(lambda: inner.chunks == 1))
+            clock.advance(100)
+            more.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(limit_passes)
+            r = await client.post(a.url + "/v1/messages", json={"stream": True})
+        assert (r.extensions["sidestep"]["target"], inner.finished) == ("b", 2)
+
+
+class _KeptSyncIterators(httpx.BaseTransport):
+    """`_KeptIterators` for a sync client."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.chunks = 0
+        self.finished = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self.inner.handle_request(request)
+        stream = _KeptSyncStream(r.stream, self)
+        return httpx.Response(r.status_code, headers=r.headers, stream=stream)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _KeptSyncStream(httpx.SyncByteStream):
+    def __init__(self, inner: Any, kept: _KeptSyncIterators) -> None:
+        self.inner = inner
+        self.kept = kept
+
+    def __iter__(self) -> Any:
+        try:
+            for chunk in self.inner:
+                self.kept.chunks += 1
+                yield chunk
+        finally:
+            self.kept.finished += 1
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.mark.parametrize("limit", ["first_byte_timeout", "stall_timeout"])
+def test_a_sync_head_given_up_between_keepalives_finishes_the_body_iterator(
+    a: Upstream, b: Upstream, limit: str
+) -> None:
+    """The same for a sync client, which learns of the limit from the late ping itself: the iterator it started is closed before the request moves on."""
+    ping = b"event: ping\ndata: {}\n\n"
+    more = threading.Event()
+    a.behaviour = lambda _: Stream([ping, ping, ping], headers=SSE, release=more, stall_after=2)
+    clock = FakeClock()
+    inner = _KeptSyncIterators()
+    failover = {"retry_ambiguous": True, limit: 30}
+    transport = sidestep.FailoverTransport(
+        config(a, b, failover=failover), transport=inner, clock=clock
+    )
+
+    def limit_passes() -> None:  # A's second ping comes after its limit
+        wait_for(lambda: inner.chunks == 1)
+        clock.advance(100)
+        more.set()
+
+    threading.Thread(target=limit_passes, daemon=True).start()
+    with httpx.Client(transport=transport, timeout=10) as client:
+        r = client.post(a.url + "/v1/messages", json={"stream": True})
+    assert (r.extensions["sidestep"]["target"], inner.finished) == ("b", 2)

@@ -155,6 +155,14 @@ def test_line_ends_split_between_chunks_dispatch_once(chunks: list[bytes]) -> No
     assert [event.data for event in events] == ["1"]
 
 
+def test_an_empty_chunk_between_a_cr_and_its_lf_ends_no_line() -> None:
+    """A CRLF split by an empty chunk is still one line end, as the SDKs read it: the event's second data line is not cut off into an event of its own."""
+    parser = EventParser()
+    chunks = [b"data: 1\r", b"", b"\ndata: 2\r\n\r\n"]
+    events = [event for chunk in chunks for event in parser.feed(chunk)]
+    assert [event.data for event in events] == ["1\n2"]
+
+
 def test_an_error_event_before_any_content_is_an_error() -> None:
     """Anthropic's overload after a ping fails the head and keeps the error's payload."""
     head = Head(MESSAGES)

@@ -13,7 +13,11 @@ from sidestep._streaming import asks_to_stream, is_event_stream
         ({}, b'{"model": "m", "stream": true}', True),
         ({}, b'{"model": "m", "stream" : true, "n": 1}', True),
         ({"accept": "text/event-stream"}, None, True),
-        ({"accept": "application/json, Text/Event-Stream; q=0.5"}, b"", True),
+        ({"accept": "Text/Event-Stream; q=0.5, application/json; q=0.4"}, b"", True),
+        ({"accept": "text/event-stream, */*;q=0.1"}, None, True),
+        ({"accept": "application/json, Text/Event-Stream; q=0.5"}, b"", False),
+        ({"accept": "application/json, text/event-stream"}, None, False),
+        ({"accept": "text/event-stream;q=0"}, None, False),
         ({}, b'{"model": "m", "stream": false}', False),
         ({}, b'{"model": "m", "stream": "true"}', False),
         ({}, b'{"model": "m", "options": {"stream": true}}', False),
@@ -26,7 +30,7 @@ from sidestep._streaming import asks_to_stream, is_event_stream
     ],
 )
 def test_asks_to_stream(headers: dict[str, str], body: bytes | None, streams: bool) -> None:
-    """A request asks to stream by accepting text/event-stream, or with a top-level `"stream": true` in a JSON object body; nothing else counts."""
+    """A request asks to stream by rating text/event-stream above every other type its Accept names, or with a top-level `"stream": true` in a JSON object body; nothing else counts."""
     assert asks_to_stream(headers, body) is streams
 
 

@@ -89,6 +89,24 @@ def test_a_request_that_asks_to_stream_fails_over_past_first_byte_timeout(
     assert scopes(d) == [("a", "open", "unavailable")]
 
 
+@pytest.mark.parametrize(
+    "accept",
+    ["application/json, text/event-stream", "text/event-stream;q=0, application/json", "*/*"],
+    ids=["either", "refused", "anything"],
+)
+def test_a_request_that_merely_accepts_an_event_stream_is_not_cut_by_first_byte_timeout(
+    make: MakeDriver, a: Upstream, b: Upstream, accept: str
+) -> None:
+    """An Accept header that lists text/event-stream beside another type (as MCP clients send it), or refuses it, asks for no stream: a slow JSON answer comes back whole and counts against nothing."""
+    gate = threading.Event()
+    a.behaviour = lambda _: Respond(body={"a": 1}, gate=gate)
+    release_after_seen(gate, a, HELD)
+    d = make(pair(a, b, first_byte_timeout=LIMIT, retry_ambiguous=True))
+    r = d.post(a.url + "/v1/mcp", json={"q": 1}, headers={"accept": accept})
+    assert (r.body, a.calls, b.calls) == (b'{"a": 1}', 1, 0)
+    assert scopes(d) == []
+
+
 def test_an_event_stream_the_request_did_not_ask_for_gets_what_is_left_of_first_byte_timeout(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:

@@ -121,12 +121,14 @@ class EventParser:
 
     def feed(self, chunk: bytes) -> list[Event]:
         """The events `chunk` completes, in order (`UNDECODABLE` where a line is not UTF-8)."""
+        if not chunk:
+            return []  # (an empty chunk between a CR and its LF ends no line)
         if self._cr:
             self._cr = False
             if chunk[:1] == b"\n":
                 chunk = chunk[1:]  # the LF of a CRLF split between two chunks
-        if not chunk:
-            return []
+                if not chunk:
+                    return []
         lines = chunk.splitlines()  # on CR, LF and CRLF only, for bytes: SSE's own line ends
         last = chunk[-1]
         self._cr = last == 13

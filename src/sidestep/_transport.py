@@ -205,6 +205,15 @@ class _SyncShell(_Shell):
             stream.close()
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
+        except BaseException:
+            # The head failed between two chunks (the scan found a limit passed while
+            # keep-alives came): the iterator started here waits at a yield. Finish it
+            # now (a generator's finally runs), rather than leave it to the garbage
+            # collector.
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+            raise
         on_error, drive = effect.on_error, self._drive
         # The body's verdict is due once: at its end, at its failure, or when the
         # caller closes it early (a stream left at "[DONE]" was a success).
@@ -387,6 +396,13 @@ class _AsyncShell(_Shell):
             await stream.aclose()
             response.stream = self._flavour.ByteStream(b"".join(head))
             return head, True
+        except BaseException:
+            # The head failed between two chunks (the scan found a limit passed while
+            # keep-alives came, before the deadline's own timer): the iterator the peek
+            # started waits at a yield. Finish it now, as the replay's close does, rather
+            # than leave it to the garbage collector (trio warns of each it finalizes).
+            await _finish(chunks)
+            raise
         on_error, drive = effect.on_error, self._drive
         end_by, request = effect.end_by, effect.request  # (the rest's deadline)
         # The body's verdict is due once: at its end, at its failure, or when the
@@ -467,6 +483,16 @@ def _always(url: Any) -> bool:
     return True
 
 
+async def _finish(*iterators: Any) -> None:
+    """Close the async iterators a read started (a generator's finally runs now), even
+    while a cancellation unwinds; one already finished, or with no aclose, is left."""
+    with anyio.CancelScope(shield=True):
+        for iterator in iterators:
+            close = getattr(iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
 _REPLAYS: dict[tuple[str, bool], type[Any]] = {}
 
 
@@ -530,11 +556,7 @@ def _async_replay(
                     # Finish the iterators the peek started here and now, rather
                     # than leave them to the garbage collector and a closing loop.
                     try:
-                        with anyio.CancelScope(shield=True):
-                            for iterator in (self._body, self._chunks):
-                                close = getattr(iterator, "aclose", None)
-                                if close is not None:
-                                    await close()
+                        await _finish(self._body, self._chunks)
                     finally:
                         await self._original.aclose()
 
