@@ -21,7 +21,7 @@ from typing import Any
 
 from . import _classify as c11n
 from ._candidates import Candidacy
-from ._classify import BODY_PREFIX_LIMIT, Exchange, Kind
+from ._classify import BODY_PREFIX_LIMIT, Kind
 from ._commit import Committing
 from ._config import Config, as_config
 from ._effects import Call, Clock, Close, Read, Send, Sleep
@@ -511,20 +511,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                 except BaseException:
                     yield Close(response)  # cancelled mid-read: the connection must not leak
                     raise
-            verdict = self._classify(
-                Exchange(
-                    method=request.method,
-                    request_headers=request.headers,
-                    status=status,
-                    response_headers=response.headers,
-                    body=body,
-                    retry_ambiguous=run.policy.retry_ambiguous,
-                    on_context_overflow=run.policy.on_context_overflow,
-                    wall_now=time.time(),
-                    routed=routed,
-                    credentialed=bool(ticket.facts.credential),
-                )
-            )
+            verdict = self._judge(run, request, ticket, status, response.headers, body, routed)
             if stalled is not None:
                 # An error body that did not come in time: the verdict is still its
                 # status's (a 429 is a rate limit, a 403 without its explanation a 403),

@@ -14,13 +14,12 @@ answer it stands for; after it, the body's end is the verdict.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Generator
 from dataclasses import replace
 from typing import Any
 
 from . import _classify as c11n
-from ._classify import Exchange, Kind, Verdict
+from ._classify import Kind, Verdict
 from ._effects import Clock, Close, Read
 from ._errors import InvalidUpstreamBody
 from ._flavour import Flavour
@@ -253,19 +252,7 @@ class Committing(Verdicts):
         if watch is None or not watch.head.failed:
             return None
         status, body = error_answer(watch.head.error)
-        verdict = self._classify(
-            Exchange(
-                method=request.method,
-                request_headers=request.headers,
-                status=status,
-                response_headers=response.headers,
-                body=body,
-                retry_ambiguous=run.policy.retry_ambiguous,
-                on_context_overflow=run.policy.on_context_overflow,
-                wall_now=time.time(),
-                credentialed=bool(ticket.facts.credential),
-            )
-        )
+        verdict = self._judge(run, request, ticket, status, response.headers, body)
         if verdict.kind is Kind.SUCCESS:
             return None  # a replacement classifier's word: the answer, as it is
         return Outcome(replace(verdict, status=response.status_code), response)

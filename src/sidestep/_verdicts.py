@@ -73,6 +73,32 @@ class Verdicts(CoreState):
         15.6 ms) cannot order them."""
         return self.closed_at > run.sent_at or 0 <= run.closes_seen < self.closes
 
+    def _judge(
+        self,
+        run: Run,
+        request: Any,
+        ticket: Ticket,
+        status: int,
+        response_headers: Any,
+        body: bytes,
+        routed: bool = True,
+    ) -> Verdict:
+        """The verdict on an answer of `status` with (the head of) `body`, for `request`."""
+        return self._classify(
+            Exchange(
+                method=request.method,
+                request_headers=request.headers,
+                status=status,
+                response_headers=response_headers,
+                body=body,
+                retry_ambiguous=run.policy.retry_ambiguous,
+                on_context_overflow=run.policy.on_context_overflow,
+                wall_now=time.time(),
+                routed=routed,
+                credentialed=bool(ticket.facts.credential),
+            )
+        )
+
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
         if verdict.kind is Kind.SUSPEND and verdict.reason not in c11n.SUSPENSION_REASONS:
