@@ -1,7 +1,9 @@
 """Where circuit state lives in one process: `MemoryStore` (and the protocol's names).
 
 A store offers whole operations (``_store_protocol``): here each is one step
-under one lock.
+under one lock. Those steps are written so that a store sharing state can
+run them on a view of it: `_look` and `_changes_nothing` decide, changing
+nothing, whether an admission or a verdict would change a scope at all.
 
 Only unhealthy scopes are kept. While an origin has none, admission is one
 dictionary look-up: the request's model and credential are never worked out.
@@ -150,6 +152,21 @@ class MemoryStore:
     def _admit(
         self, facts: ScopeFacts, keys: tuple[ScopeKey, ...], policy: BreakerPolicy, now: float
     ) -> Admission:
+        admission = self._look(facts, keys, policy, now, change=True)
+        assert admission is not None  # allowed to change, it always decides
+        return admission
+
+    def _look(
+        self,
+        facts: ScopeFacts,
+        keys: tuple[ScopeKey, ...],
+        policy: BreakerPolicy,
+        now: float,
+        *,
+        change: bool,
+    ) -> Admission | None:
+        """Admission on the scopes kept; without `change`, None when it would change one
+        (a window over, a probe slot to take): nothing is changed then."""
         entries = self._state.entries
         # Look first, change later: a refused request must not take probe slots.
         refusal: Refusal | None = None
@@ -175,12 +192,16 @@ class MemoryStore:
                 continue
             if refusal is None:
                 after, entry = circuit.admit(c, policy, now, self._seq + 1)
-                if after.generation != c.generation:
-                    self._seq += 1
-                    transitions.append(_transition(key, after, c.state, now))
+                if after is not c:
+                    if not change:
+                        return None
+                    entries[key] = after
+                    if after.generation != c.generation:
+                        self._seq += 1
+                        transitions.append(_transition(key, after, c.state, now))
+                    c = after
                 if entry is Entry.PROBE:
                     probes.append(key)
-                entries[key] = c = after
             generations[key] = c.generation
         ticket = Ticket(facts, self._seq, generations, tuple(probes), shadow=refusal is not None)
         return Admission(ticket, refusal, tuple(transitions))
@@ -195,28 +216,61 @@ class MemoryStore:
         suspensions: Suspensions,
         now: float,
     ) -> tuple[Transition, ...]:
-        if ticket.done:
+        keys = self._verdict_keys(ticket, verdict)
+        if keys is None:
             return ()
+        with self._lock:
+            return self._record(ticket, keys, verdict, policy, suspensions, now)
+
+    def _verdict_keys(self, ticket: Ticket, verdict: Verdict) -> tuple[ScopeKey, ...] | None:
+        """Marks the ticket done; the scopes its verdict concerns, None when it records nothing."""
+        if ticket.done:
+            return None
         ticket.done = True
         if ticket.shadow:
-            return ()  # observe mode: enforcing would never have sent it
+            return None  # observe mode: enforcing would never have sent it
         if verdict.kind is Kind.SUCCESS:
             origin = self._state.origins.get(ticket.facts.origin)
             if not ticket.probes and (origin is None or not origin.unhealthy):
-                return ()  # the healthy path: nothing kept, nothing to reset
-            keys = ticket.facts.keys()
-        else:
-            keys = verdict_keys(ticket.facts, verdict)
-        with self._lock:
-            dropped: list[Transition] = []
-            self._dropped = dropped
-            transitions = [
-                t
-                for key in keys
-                if (t := self._apply(ticket, key, verdict, policy, suspensions, now)) is not None
-            ]
-            self._release(ticket, exclude=keys)
+                return None  # the healthy path: nothing kept, nothing to reset
+            return ticket.facts.keys()
+        return verdict_keys(ticket.facts, verdict)
+
+    def _record(
+        self,
+        ticket: Ticket,
+        keys: tuple[ScopeKey, ...],
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]:
+        dropped: list[Transition] = []
+        self._dropped = dropped
+        transitions = [
+            t
+            for key in keys
+            if (t := self._apply(ticket, key, verdict, policy, suspensions, now)) is not None
+        ]
+        self._release(ticket, exclude=keys)
         return (*transitions, *dropped) if dropped else tuple(transitions)
+
+    def _changes_nothing(
+        self,
+        ticket: Ticket,
+        keys: tuple[ScopeKey, ...],
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> bool:
+        """Would recording this verdict leave every scope as it is (nothing written)?"""
+        if ticket.probes:
+            return False
+        return all(
+            self._verdict(ticket, key, verdict, policy, suspensions, now, self._seq) is None
+            for key in keys
+        )
 
     def _apply(
         self,
@@ -227,17 +281,37 @@ class MemoryStore:
         suspensions: Suspensions,
         now: float,
     ) -> Transition | None:
+        change = self._verdict(ticket, key, verdict, policy, suspensions, now, self._seq)
+        if change is None:
+            return None
+        before, after, self._seq = change
+        self._put(key, before, after)
+        previous = before.state if before is not None else State.CLOSED
+        return _transition(key, after, previous, now) if after.state is not previous else None
+
+    def _verdict(
+        self,
+        ticket: Ticket,
+        key: ScopeKey,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+        seq: int,
+    ) -> tuple[Circuit | None, Circuit, int] | None:
+        """What the verdict does to one scope, changing nothing: the circuit before and
+        after, and the sequence number after; None when it does nothing."""
         before = self._state.entries.get(key)
         if not self._current(ticket, key, before):
             return None
         if before is None:
             if verdict.kind is Kind.SUCCESS:
                 return None  # healthy already
-            self._seq += 1
-            c = Circuit(generation=self._seq, born=self._seq)
+            seq += 1
+            c = Circuit(generation=seq, born=seq)
         else:
             c = before
-        next_gen = self._seq + 1
+        next_gen = seq + 1
         if verdict.kind is Kind.SUCCESS:
             after = circuit.on_success(c, policy, now)
         elif verdict.kind is Kind.FAILURE:
@@ -251,10 +325,8 @@ class MemoryStore:
         if after is before:
             return None
         if after.generation == next_gen or (after.healthy and c.state is not State.CLOSED):
-            self._seq += 1
-        self._put(key, before, after)
-        previous = before.state if before is not None else State.CLOSED
-        return _transition(key, after, previous, now) if after.state is not previous else None
+            seq += 1
+        return before, after, seq
 
     def _current(self, ticket: Ticket, key: ScopeKey, c: Circuit | None) -> bool:
         """Is this ticket's verdict about the scope's present generation?"""
@@ -343,27 +415,18 @@ class MemoryStore:
     def snapshot(self, now: float) -> list[ScopeStatus]:
         with self._lock:
             items = list(self._state.entries.items())
-        return [
-            ScopeStatus(
-                key.scope_id,
-                key,
-                c.state,
-                c.reason,
-                c.failures,
-                c.retry_at,
-                c.retry_in(now),
-                _opened_at(c),
-            )
-            for key, c in items
-        ]
+        return _statuses(items, now)
 
     def clear(self, scope_id: str) -> bool:
         with self._lock:
-            for key in self._state.entries:
-                if key.scope_id == scope_id:
-                    self._seq += 1
-                    self._forget(key)
-                    return True
+            return self._clear(scope_id)
+
+    def _clear(self, scope_id: str) -> bool:
+        for key in self._state.entries:
+            if key.scope_id == scope_id:
+                self._seq += 1
+                self._forget(key)
+                return True
         return False
 
     # -- async twins: nothing here waits, so they just call through -------------
@@ -400,6 +463,22 @@ def verdict_keys(facts: ScopeFacts, verdict: Verdict) -> tuple[ScopeKey, ...]:
     if verdict.also is None:
         return (facts.key(verdict.scope),)
     return tuple(dict.fromkeys((facts.key(verdict.scope), facts.key(verdict.also))))
+
+
+def _statuses(items: list[tuple[ScopeKey, Circuit]], now: float) -> list[ScopeStatus]:
+    return [
+        ScopeStatus(
+            key.scope_id,
+            key,
+            c.state,
+            c.reason,
+            c.failures,
+            c.retry_at,
+            c.retry_in(now),
+            _opened_at(c),
+        )
+        for key, c in items
+    ]
 
 
 def _opened_at(c: Circuit) -> float | None:
