@@ -180,6 +180,31 @@ def test_a_file_locked_past_the_timeout_fails_open_and_recovers(tmp_path: Path) 
     holder.close()
 
 
+def test_writes_failing_while_reads_work_keep_the_fallback_until_a_write_succeeds(
+    tmp_path: Path,
+) -> None:
+    """The write lock held by another connection for many retry intervals (reads still work): one warning, the store stays on its local fallback (never declared back after a mere read), and a dead upstream gets failure_threshold calls in all; once the lock goes, one write brings the store back."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, timeout=0.02, retry_interval=0.02)
+    assert store.admit(facts(store), P, 0).ticket is not None  # the file read: a view
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    calls = 0
+    with structlog.testing.capture_logs() as logs:
+        while store.fallbacks < 6:  # the failed write, and retries that failed after it
+            ticket = store.admit(facts(store, origin=OTHER), P, 0).ticket
+            if ticket is not None:
+                calls += 1  # sent to the dead upstream
+                store.record(ticket, FAIL, P, SUSPENSIONS, 0)
+            time.sleep(0.005)
+        assert calls == P.failure_threshold
+        assert _events(logs) == ["store.unavailable"]
+        holder.execute("COMMIT")
+        wait_for(lambda: store.admit(facts(store), P, 0) is not None and store.available)
+    assert _events(logs) == ["store.unavailable", "store.recovered"]
+    holder.close()
+
+
 def test_a_corrupt_file_fails_open_and_a_replaced_one_is_used(tmp_path: Path) -> None:
     """A file that is not a database never fails a request; once it is replaced by a good one the store uses it, with the fingerprint key kept there."""
     path = tmp_path / "s.db"

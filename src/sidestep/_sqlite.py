@@ -14,7 +14,7 @@ Probe slots are leases with an end in wall-clock time, so a process that
 dies holding a probe frees it when its lease ends; windows follow the wall
 clock too, so a suspension survives a restart of every process (windows
 long past are dropped when a store opens the file). A file that fails
-serves from memory until it works again (``_failopen``).
+serves from memory until a write to it succeeds again (``_failopen``).
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ class SqliteStore(FileView):
     A file that cannot be opened or written, stays locked past ``timeout``,
     or is not a database, never fails a request: the store serves from a
     local `MemoryStore`, emits one ``store.unavailable`` warning, and goes
-    back to the file (``store.recovered``) once it works again. It needs a
-    local file system (SQLite's WAL mode shares memory between processes).
+    back to the file (``store.recovered``) once a write to it succeeds. It
+    needs a local file system (SQLite's WAL mode shares memory between
+    processes).
 
     Example:
         >>> store = sidestep.SqliteStore("/var/tmp/sidestep.db")
@@ -170,7 +171,7 @@ class SqliteStore(FileView):
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
         fo = self._failopen
-        if fo.down and not self._retry("admit"):
+        if fo.down and not self._recover("admit"):
             return fo.admit(facts, policy, now)
         due = self._change < 0 or time.monotonic() >= self._next_poll
         if due and not self._poll(wait=self._change < 0):  # with no view, every thread waits
@@ -219,7 +220,7 @@ class SqliteStore(FileView):
         wall, keys = self._to_write(ticket, verdict, policy, suspensions, now)
         if keys is None:
             return ()
-        return self._write(ticket, keys, verdict, policy, suspensions, wall)
+        return self._write(ticket, keys, verdict, policy, suspensions, (wall, now))
 
     def _to_write(
         self,
@@ -246,15 +247,23 @@ class SqliteStore(FileView):
         verdict: Verdict,
         policy: BreakerPolicy,
         suspensions: Suspensions,
-        now: float,
+        clocks: tuple[float, float],
     ) -> tuple[Transition, ...]:
+        """Record in the file (`clocks`: the wall clock's now, and the caller's); a file
+        that fails has the local store that stands in for it count the verdict."""
+        wall, now = clocks
         try:
             with self._tx:
-                return self._record(ticket, keys, verdict, policy, suspensions, now)
+                return self._record(ticket, keys, verdict, policy, suspensions, wall)
         except UNAVAILABLE as exc:
             self._lost(exc)
             self._failopen.unavailable("record", exc)
-            return ()  # a verdict the file issued the ticket for goes to the file or nowhere
+        # The file's own ticket cannot go to the local store: an admission there stands in
+        # for it, so that what the file missed counts toward opening the scope meanwhile.
+        local = self._failopen.admit(ticket.facts, policy, now).ticket
+        if local is None:
+            return ()
+        return self.record(local, verdict, policy, suspensions, now)
 
     def release(self, ticket: Ticket) -> None:
         if isinstance(ticket, LocalTicket):
@@ -267,7 +276,7 @@ class SqliteStore(FileView):
 
     def snapshot(self, now: float) -> list[ScopeStatus]:
         fo = self._failopen
-        if fo.down and not self._retry("snapshot"):
+        if fo.down and not self._recover("snapshot"):
             return fo.fallback.snapshot(now)
         if not self._poll(wait=True):
             return fo.fallback.snapshot(now)
@@ -321,7 +330,7 @@ class SqliteStore(FileView):
         if keys is None:
             return ()  # decided from the view: nothing to write
         return await anyio.to_thread.run_sync(
-            self._write, ticket, keys, verdict, policy, suspensions, wall
+            self._write, ticket, keys, verdict, policy, suspensions, (wall, now)
         )
 
     async def release_async(self, ticket: Ticket) -> None:
@@ -337,9 +346,18 @@ class SqliteStore(FileView):
 
     # -- the file ------------------------------------------------------------------------
 
-    def _retry(self, op: str) -> bool:
-        """While the file is away: may this caller try it now? Then prove it works."""
-        return self._failopen.usable(op) and self._poll(wait=True)
+    def _recover(self, op: str) -> bool:
+        """While the file is away: may this caller try it now? Then a write proves it works."""
+        if not self._failopen.usable(op):
+            return False
+        try:
+            with self._tx:
+                self._tx.heartbeat = True
+        except UNAVAILABLE as exc:
+            self._lost(exc)
+            self._failopen.unavailable(op, exc)
+            return False
+        return True
 
     def _on_clock(self, admission: Admission, wall: float, now: float) -> Admission:
         """A refusal's end on the caller's clock; the same refusal, moved by the same

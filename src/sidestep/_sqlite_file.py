@@ -36,6 +36,7 @@ __all__ = [
     "connect",
     "counters",
     "end_leases",
+    "heartbeat",
     "identity",
     "immediate",
     "lease_end",
@@ -271,6 +272,11 @@ class Writer:
             conn.execute("DELETE FROM gone WHERE change <= ?", (horizon,))
             conn.execute("UPDATE counters SET pruned = ?", (horizon,))
         conn.execute("UPDATE counters SET seq = ?, change = ?", (seq, change))
+
+
+def heartbeat(conn: sqlite3.Connection, now: float) -> None:
+    """A write that changes nothing the stores read: does the file take writes?"""
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?)", (repr(now),))
 
 
 def release_lease(conn: sqlite3.Connection, key: ScopeKey, token: str) -> bool:

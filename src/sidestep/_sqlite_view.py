@@ -95,6 +95,7 @@ class _Transaction:
         self.leases: list[tuple[ScopeKey, str, int, float]] = []  # taken by this step
         self.origins: set[str] = set()  # whose mark changed, or that the view let go
         self.seq = 0  # the sequence as the step began
+        self.heartbeat = False  # write, though nothing changed: does the file take writes?
 
     def __enter__(self) -> None:
         self.mutex.acquire()
@@ -244,7 +245,10 @@ class FileView(MemoryStore):
         return now if self._caller_clock else time.time()
 
     def _poll(self, *, wait: bool) -> bool:
-        """Bring the view up to date if another process changed the file; False if it is away."""
+        """Bring the view up to date if another process changed the file; False if it is away.
+
+        Reading works while writing may not: only a write (`_commit`) tells the file is back.
+        """
         self._next_poll = time.monotonic() + self._refresh
         mutex = self._tx.mutex
         if not mutex.acquire(blocking=wait):
@@ -267,7 +271,6 @@ class FileView(MemoryStore):
             return False
         finally:
             mutex.release()
-        self._failopen.answered()
         return True
 
     def _connection(self) -> sqlite3.Connection:
@@ -353,7 +356,7 @@ class FileView(MemoryStore):
             with sqlite_file.immediate(conn, "BEGIN"):
                 self._follow(conn)
         conn.execute("BEGIN IMMEDIATE")
-        tx.leases, tx.origins, tx.seq = [], set(), -1
+        tx.leases, tx.origins, tx.heartbeat, tx.seq = [], set(), False, -1
         try:
             self._follow(conn)
             tx.seq = self._seq
@@ -392,11 +395,15 @@ class FileView(MemoryStore):
                     writer.origin(name, kept.forgot if kept is not None else None)
                 writer.counters(self._seq)
                 change = writer.change
+            if tx.heartbeat:
+                sqlite_file.heartbeat(conn, time.time())
             conn.execute("COMMIT")
         except BaseException:
             self._rollback(tx)
             raise
-        self._change = change
+        if change != self._change or tx.heartbeat:
+            self._change = change
+            self._failopen.answered()  # a write went through: the file is back, if it was away
 
     def _rollback(self, tx: _Transaction) -> None:
         if self._view.touched or tx.origins or (tx.seq >= 0 and self._seq != tx.seq):
