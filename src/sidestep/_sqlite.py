@@ -28,7 +28,7 @@ import anyio.to_thread
 
 from ._failopen import FailOpen, LocalTicket
 from ._scopes import ScopeFacts, ScopeKey
-from ._sqlite_loop import Worker
+from ._sqlite_loop import Worker, admit_in_thread
 from ._sqlite_view import DEFAULT_PROBE_LEASE, UNAVAILABLE, FileView
 from ._store import (
     DEFAULT_MAX_SCOPES,
@@ -314,7 +314,7 @@ class SqliteStore(FileView):
             admission = self._from_view(origin, facts, policy, wall)
             if admission is not None:
                 return self._on_clock(admission, wall, now)
-        return await anyio.to_thread.run_sync(self.admit, facts, policy, now, lease)
+        return await admit_in_thread(self, self._worker, facts, policy, now, lease)
 
     async def record_async(
         self,
