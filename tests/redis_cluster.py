@@ -163,6 +163,10 @@ class RedisCluster:
 
     # -- looking at it ------------------------------------------------------------------
 
+    def running(self) -> list[int]:
+        """The ports of the nodes started and not killed."""
+        return sorted(self._processes)
+
     def url_for(self, port: int) -> str:
         """A ``redis+cluster://`` URL naming the node on `port`."""
         return f"redis+cluster://:{self.password}@127.0.0.1:{port}/0"

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sqlite3
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+import redis
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
 import sidestep
 from drivers import FakeClock, route
+from redis_server import fresh_prefix
 from scrape import sample, samples
 from sidestep._config import SidestepConfigWarning
+from sidestep._redis import RedisStore
+from sidestep._sqlite import SqliteStore
 from sidestep._store import MemoryStore
 from sidestep.metrics import prometheus
 from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
@@ -399,3 +407,95 @@ def test_a_sync_head_given_up_between_keepalives_finishes_the_body_iterator(
     with httpx.Client(transport=transport, timeout=10) as client:
         r = client.post(a.url + "/v1/messages", json={"stream": True})
     assert (r.extensions["sidestep"]["target"], inner.finished) == ("b", 2)
+
+
+class _Gate:
+    """What holds a store's half-open admission up, so that its request can be cancelled
+    while it waits: for a memory store, whose admission never waits, the probe's send."""
+
+    def __init__(self, kind: str, a: Upstream, tmp_path: Path, request: pytest.FixtureRequest):
+        self.kind, self.a = kind, a
+        self.holder: Any = None
+        self.store: Any
+        if kind == "memory":
+            self.store = MemoryStore()
+        elif kind == "sqlite":
+            self.store = SqliteStore(tmp_path / "s.db", timeout=30)  # waits, never falls back
+            self.store._caller_clock = True
+        else:
+            url = request.getfixturevalue("redis_url")
+            self.store = RedisStore(url, prefix=fresh_prefix(), timeout=30)
+            self.store._caller_clock = True
+            self.holder = redis.Redis.from_url(url)
+
+    def close(self) -> None:
+        if self.kind == "memory":
+            self.a.behaviour = lambda _: Hang()
+        elif self.kind == "sqlite":
+            self.holder = sqlite3.connect(self.store._path, isolation_level=None)
+            self.holder.execute("BEGIN IMMEDIATE")  # the admission's write waits for it
+        else:
+            self.holder.client_pause(30_000, all=False)  # scripts that write wait
+
+    def holding(self) -> bool:
+        """A request is held: at the upstream, waiting for the file's lock, or for Redis."""
+        if self.kind == "memory":
+            return self.a.calls == 3
+        if self.kind == "sqlite":
+            return bool(self.store._tx.mutex.locked())
+        return int(self.holder.info("clients")["blocked_clients"]) > 0
+
+    def open(self) -> None:
+        self.a.behaviour = lambda _: Respond(body="a")
+        if self.kind == "sqlite":
+            self.holder.execute("ROLLBACK")
+            self.holder.close()
+        elif self.kind == "redis":
+            self.holder.client_unpause()
+            self.holder.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("kind", ["memory", "sqlite", "redis"])
+async def test_a_request_cancelled_while_its_probe_is_admitted_keeps_no_slot(
+    kind: str,
+    anyio_backend: str,
+    a: Upstream,
+    b: Upstream,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """A request cancelled while its half-open admission waits on the store (the file's write lock, a paused Redis; for the memory store, the probe's send) — by asyncio's own Task.cancel, which no anyio shield holds back, or by a cancel scope under trio — leaves the only probe slot free: the next requests probe the recovered primary long before the slot's lease (sized from the 30 s timeouts) could end."""
+    a.behaviour = lambda _: Respond(503)
+    clock = FakeClock()
+    gate = _Gate(kind, a, tmp_path, request)
+    cfg = config(a, b, breaker={"half_open_probes": 1})
+    transport = sidestep.AsyncFailoverTransport(cfg, store=gate.store, clock=clock)
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        for _ in range(2):
+            assert (await client.get(a.url + "/v1/x")).text == "b"  # A opens
+        clock.advance(11)  # its window is over: the next request is its probe
+        gate.close()
+        if anyio_backend == "asyncio":
+            task = asyncio.ensure_future(client.get(a.url + "/v1/x"))
+            while not gate.holding():  # noqa: ASYNC110  # a fact of threads and processes
+                await anyio.sleep(0.01)
+            task.cancel()  # asyncio's own cancellation
+            gate.open()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert task.cancelled()
+        else:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.get, a.url + "/v1/x")
+                while not gate.holding():  # noqa: ASYNC110  # a fact of threads and processes
+                    await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()  # trio waits for a worker thread: let it go on
+                gate.open()
+        with anyio.fail_after(10):
+            # B serves until A is probed again: long before the slot's lease could end
+            while (await client.get(a.url + "/v1/x")).text != "a":  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+    if kind != "memory":
+        assert gate.store.fallbacks == 0
+        gate.store.close()

@@ -24,6 +24,7 @@ from redis_cluster import RedisCluster
 from redis_server import PASSWORD, fresh_prefix
 from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
+from sidestep._failopen import LocalTicket
 from sidestep._redis import RedisStore
 from sidestep._redis_calls import anchor, origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKind
@@ -288,6 +289,79 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
     assert store.fallbacks == 0
     store.close()
     redis_cluster.revive(victim)  # whole again for whatever runs next
+
+
+@pytest.mark.parametrize("full_coverage", ["no", "yes"])
+def test_a_primary_holding_none_of_an_origins_keys_killed_mid_traffic(
+    redis_cluster: RedisCluster, full_coverage: str
+) -> None:
+    """A primary that serves none of an origin's slots SIGKILLed under that origin's traffic. With `cluster-require-full-coverage no`, every call keeps going to the origin's own primary while the dead one's replica takes over: nothing falls back, every admission is the cluster's. With `yes` (Redis's default) the whole cluster answers CLUSTERDOWN until then: the store falls back to memory (every admission still a ticket, none an error) and returns to the cluster afterwards."""
+    prefix = fresh_prefix()
+    origin = ORIGINS[0]
+    own = redis_cluster.owner(anchor(prefix, origin_hash(origin)))
+    victim = next(port for port in redis_cluster.primaries() if port != own)
+    coverage(redis_cluster, full_coverage)
+    # No mirror: every admission and success is a round trip. A long timeout: a slow
+    # call on a busy machine is not what this test is about.
+    store = RedisStore(
+        redis_cluster.url_for(own),
+        prefix=prefix,
+        mirror=False,
+        retry_interval=0.05,
+        timeout=SLOW_OK,
+    )
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    calls: list[tuple[float, float, bool]] = []  # (started, seconds, served by the cluster)
+
+    def drive() -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                ticket = store.admit(facts(store, origin), POLICY, started).ticket
+                assert ticket is not None
+                store.record(ticket, OK, POLICY, SUSPENSIONS, time.monotonic())
+            except BaseException as exc:  # any error is a failed request
+                errors.append(exc)
+                return
+            calls.append((started, time.monotonic() - started, not isinstance(ticket, LocalTicket)))
+
+    thread = threading.Thread(target=drive)
+    thread.start()
+    try:
+        wait_for(lambda: len(calls) > 50, timeout=10)
+        redis_cluster.kill(victim)
+        killed_at = time.monotonic()
+        if full_coverage == "yes":
+            wait_for(lambda: not store.available, timeout=15)  # CLUSTERDOWN: memory
+        wait_for(lambda: victim not in redis_cluster.primaries(), timeout=15)
+        wait_for(lambda: len(redis_cluster.primaries()) == 3, timeout=15)
+        promoted_at = time.monotonic()
+        wait_for(lambda: store.available, timeout=15)
+        count = len(calls)
+        wait_for(lambda: len(calls) > count + 50 and calls[-1][2], timeout=10)
+    finally:
+        stop.set()
+        thread.join(30)
+        redis_cluster.revive(victim)  # whole again for whatever runs next
+        coverage(redis_cluster, "yes")
+    assert not errors
+    during = [c for c in calls if killed_at <= c[0] <= promoted_at]
+    assert during, "no call while the dead primary's slots were unserved"
+    if full_coverage == "no":
+        assert store.fallbacks == 0
+        assert all(served for _, _, served in calls)
+    else:
+        assert store.fallbacks > 0
+        assert not all(served for _, _, served in during)
+    store.close()
+
+
+def coverage(cluster: RedisCluster, value: str) -> None:
+    """Set `cluster-require-full-coverage` on every node that runs."""
+    for port in cluster.running():
+        with cluster.node(port) as node:
+            node.config_set("cluster-require-full-coverage", value)
 
 
 def test_a_store_built_while_the_cluster_is_away_fails_open() -> None:

@@ -157,20 +157,50 @@ def test_an_unwritable_place_fails_open_with_one_warning_and_recovers(tmp_path: 
 
 
 def test_a_file_locked_past_the_timeout_fails_open_and_recovers(tmp_path: Path) -> None:
-    """Another writer holding the file longer than `timeout`: the operation is served from memory with one warning, and the store returns when the lock goes."""
+    """Another writer holding the file longer than `timeout`: a refusal is still answered from the view, with no wait; a write is served from memory with one warning, and the store returns once a write goes through."""
     path = tmp_path / "s.db"
     store = SqliteStore(path, timeout=0.05, retry_interval=0.05)
     open_scope(store)
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     with structlog.testing.capture_logs() as logs:
+        assert store.admit(facts(store), P, 1).ticket is None  # the view: no write, no wait
+        assert store.fallbacks == 0
+        ticket = store.admit(facts(store, "other"), P, 1).ticket
+        assert ticket is not None and not isinstance(ticket, LocalTicket)
         started = time.monotonic()
-        admission = store.admit(facts(store), P, 1)  # needs the file: waits, then memory
+        store.record(ticket, FAIL, P, SUSPENSIONS, 1)  # a write: waits, then memory
         assert time.monotonic() - started < 1.0
-        assert isinstance(admission.ticket, LocalTicket)
-        assert store.admit(facts(store), P, 1).ticket is not None  # memory, no wait
+        assert not store.available
+        assert isinstance(store.admit(facts(store), P, 1).ticket, LocalTicket)  # memory, no wait
         holder.execute("COMMIT")
         wait_for(lambda: store.admit(facts(store), P, 1).ticket is None)  # the file again
+        assert store.available
+    assert _events(logs) == ["store.unavailable", "store.recovered"]
+    holder.close()
+
+
+def test_writes_failing_while_reads_work_keep_the_fallback_until_a_write_succeeds(
+    tmp_path: Path,
+) -> None:
+    """The write lock held by another connection for many retry intervals (reads still work): one warning, the store stays on its local fallback (never declared back after a mere read), and a dead upstream gets failure_threshold calls in all; once the lock goes, one write brings the store back."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, timeout=0.02, retry_interval=0.02)
+    assert store.admit(facts(store), P, 0).ticket is not None  # the file read: a view
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    calls = 0
+    with structlog.testing.capture_logs() as logs:
+        while store.fallbacks < 6:  # the failed write, and retries that failed after it
+            ticket = store.admit(facts(store, origin=OTHER), P, 0).ticket
+            if ticket is not None:
+                calls += 1  # sent to the dead upstream
+                store.record(ticket, FAIL, P, SUSPENSIONS, 0)
+            time.sleep(0.005)
+        assert calls == P.failure_threshold
+        assert _events(logs) == ["store.unavailable"]
+        holder.execute("COMMIT")
+        wait_for(lambda: store.admit(facts(store), P, 0) is not None and store.available)
     assert _events(logs) == ["store.unavailable", "store.recovered"]
     holder.close()
 

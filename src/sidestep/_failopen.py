@@ -85,6 +85,10 @@ class FailOpen:
             self._retry_at = now + self._retry_interval + self._claim
             return True
 
+    def due(self) -> bool:
+        """Would a caller be let try the shared state now (`usable`, without claiming it)?"""
+        return not self.down or time.monotonic() >= self._retry_at
+
     def unavailable(self, op: str, exc: BaseException) -> None:
         """A call to the shared state failed: serve locally for now."""
         with self._lock:

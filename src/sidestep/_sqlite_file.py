@@ -1,10 +1,18 @@
-"""The SQLite file behind `SqliteStore`: its tables, opening it, reading a view, writing changes.
+"""The SQLite file behind `SqliteStore`: its tables, opening it, and the statements on them.
 
-Tables: ``scopes`` (one row per unhealthy scope: the `Circuit` fields and
-the `ScopeKey` parts; no credential, only its fingerprint), ``origins``
-(when one of an origin's scopes was last forgotten), ``leases`` (one row
-per probe slot taken, with its end in wall-clock time) and ``meta`` (the
-generation sequence, the fingerprint key).
+Tables: ``scopes`` (one row per unhealthy scope: the `Circuit` fields, the
+`ScopeKey` parts — no credential, only its fingerprint — its probe count and
+the earliest end of their leases), ``gone`` (a tombstone per scope
+forgotten), ``origins`` (when one of an origin's scopes was last
+forgotten), ``leases`` (one row per probe slot taken, with its end in
+wall-clock time), ``counters`` (the generation sequence, and the number of
+the last change) and ``meta`` (the fingerprint key).
+
+Every write stamps the rows it writes, and the tombstones of the rows it
+deletes, with the next change number, so a reader learns what changed
+since the change it last saw from those rows alone (`changes`), however
+many scopes the file keeps. Tombstones older than `KEEP_TOMBSTONES` changes
+are pruned; a reader further behind reads the whole file again.
 """
 
 from __future__ import annotations
@@ -13,34 +21,84 @@ import contextlib
 import os
 import secrets
 import sqlite3
-import time
 from collections.abc import Iterator
-from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._circuit import Bucket, Circuit, State
 from ._scopes import ScopeKey, ScopeKind
-from ._store import _Origin, _Scopes
 
-__all__ = ["Lease", "connect", "identity", "immediate", "load", "take_key", "write"]
+__all__ = [
+    "Changes",
+    "Counters",
+    "Row",
+    "Writer",
+    "changes",
+    "connect",
+    "counters",
+    "end_leases",
+    "heartbeat",
+    "identity",
+    "immediate",
+    "lease_end",
+    "load",
+    "release_lease",
+    "take_key",
+]
 
-Lease = tuple[ScopeKey, str, int, float]  # scope, token, generation, end (wall clock)
-_Row = tuple[Any, ...]
+LAYOUT = 2  # PRAGMA user_version of the tables below
+KEEP_TOMBSTONES = 65_536  # changes a tombstone outlives
+PRUNE_EVERY = 1024  # changes between two prunings
+_ALL_SCOPES = (
+    "SELECT key, kind, origin, credential, detail, state, failures, generation, born,"
+    " retry_at, window, reason, rate, probes, lease_end FROM scopes ORDER BY born, key"
+)
+_SCOPES_SINCE = (
+    "SELECT key, kind, origin, credential, detail, state, failures, generation, born,"
+    " retry_at, window, reason, rate, probes, lease_end FROM scopes WHERE change > ?"
+    " ORDER BY born, key"
+)
+_TABLES = (
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS counters (id INTEGER PRIMARY KEY CHECK (id = 0),"
+    " seq INTEGER NOT NULL, change INTEGER NOT NULL, pruned INTEGER NOT NULL)",
+    "INSERT OR IGNORE INTO counters VALUES (0, 0, 0, 0)",
+    "CREATE TABLE IF NOT EXISTS scopes (key TEXT PRIMARY KEY, kind TEXT NOT NULL,"
+    " origin TEXT NOT NULL, credential TEXT NOT NULL, detail TEXT NOT NULL,"
+    " state TEXT NOT NULL, failures INTEGER NOT NULL, generation INTEGER NOT NULL,"
+    " born INTEGER NOT NULL, retry_at REAL NOT NULL, window REAL NOT NULL, reason TEXT,"
+    " rate TEXT NOT NULL, probes INTEGER NOT NULL, lease_end REAL NOT NULL,"
+    " change INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS scopes_by_change ON scopes (change)",
+    "CREATE TABLE IF NOT EXISTS gone (key TEXT PRIMARY KEY, kind TEXT NOT NULL,"
+    " origin TEXT NOT NULL, credential TEXT NOT NULL, detail TEXT NOT NULL,"
+    " change INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS gone_by_change ON gone (change)",
+    "CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, forgot INTEGER NOT NULL,"
+    " change INTEGER NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS origins_by_change ON origins (change)",
+    "CREATE TABLE IF NOT EXISTS leases (key TEXT NOT NULL, token TEXT NOT NULL,"
+    " generation INTEGER NOT NULL, until REAL NOT NULL, PRIMARY KEY (key, token))",
+    "CREATE INDEX IF NOT EXISTS leases_by_end ON leases (until)",
+)
+# Tables of an earlier layout, made again empty (the fingerprint key in `meta` stays).
+_OLD_TABLES = ("scopes", "origins", "leases", "gone", "counters")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS scopes (
-    key TEXT PRIMARY KEY, kind TEXT NOT NULL, origin TEXT NOT NULL, credential TEXT NOT NULL,
-    detail TEXT NOT NULL, state TEXT NOT NULL, failures INTEGER NOT NULL,
-    generation INTEGER NOT NULL, born INTEGER NOT NULL, retry_at REAL NOT NULL,
-    window REAL NOT NULL, reason TEXT, rate TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS origins (origin TEXT PRIMARY KEY, forgot INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (
-    key TEXT NOT NULL, token TEXT NOT NULL, generation INTEGER NOT NULL, until REAL NOT NULL,
-    PRIMARY KEY (key, token)
-);
-"""
+Row = tuple[Any, ...]
+
+
+class Counters(NamedTuple):
+    seq: int  # the generation sequence
+    change: int  # the last change committed
+    pruned: int  # tombstones up to this change may be gone
+
+
+class Changes(NamedTuple):
+    """What changed in the file after some change: scopes written, scopes gone, origins."""
+
+    counters: Counters
+    scopes: list[tuple[ScopeKey, Circuit, float]]  # with the end of the earliest lease
+    gone: list[ScopeKey]
+    origins: list[tuple[str, int]]
 
 
 def connect(path: str, timeout: float, forget_before: float) -> sqlite3.Connection:
@@ -53,15 +111,32 @@ def connect(path: str, timeout: float, forget_before: float) -> sqlite3.Connecti
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(SCHEMA)
         with immediate(conn):
-            conn.execute(
-                "DELETE FROM scopes WHERE state = 'open' AND retry_at <= ?", (forget_before,)
-            )
+            if conn.execute("PRAGMA user_version").fetchone()[0] != LAYOUT:
+                for table in _OLD_TABLES:
+                    conn.execute(f"DROP TABLE IF EXISTS {table}")
+                conn.execute(f"PRAGMA user_version = {LAYOUT}")
+            for statement in _TABLES:
+                conn.execute(statement)
+            _forget_ended(conn, forget_before)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _forget_ended(conn: sqlite3.Connection, before: float) -> None:
+    if conn.execute(
+        "SELECT 1 FROM scopes WHERE state = 'open' AND retry_at <= ? LIMIT 1", (before,)
+    ).fetchone():
+        change = counters(conn).change + 1
+        conn.execute(
+            "INSERT OR REPLACE INTO gone SELECT key, kind, origin, credential, detail, ?"
+            " FROM scopes WHERE state = 'open' AND retry_at <= ?",
+            (change, before),
+        )
+        conn.execute("DELETE FROM scopes WHERE state = 'open' AND retry_at <= ?", (before,))
+        conn.execute("UPDATE counters SET change = ?", (change,))
 
 
 def identity(path: str) -> tuple[int, int] | None:
@@ -83,79 +158,132 @@ def take_key(conn: sqlite3.Connection) -> str:
     return str(key[0])
 
 
-def load(conn: sqlite3.Connection) -> tuple[_Scopes, int]:
-    """The whole file as a view and its sequence (only unhealthy scopes are kept: few).
-
-    A half-open scope's probe count is its leases that have not ended.
-    """
-    leases: dict[tuple[str, int], int] = {}
-    for key, generation, count in conn.execute(
-        "SELECT key, generation, COUNT(*) FROM leases WHERE until > ? GROUP BY key, generation",
-        (time.time(),),
-    ):
-        leases[key, generation] = count
-    state = _Scopes()
-    for row in conn.execute("SELECT * FROM scopes ORDER BY born, rowid"):
-        key, c = _circuit(row)
-        if c.state is State.HALF_OPEN:
-            c = replace(c, probes=leases.get((row[0], c.generation), 0))
-        state.entries[key] = c
-        state.origins.setdefault(key.origin, _Origin()).unhealthy += 1
-    for origin, forgot in conn.execute("SELECT origin, forgot FROM origins"):
-        state.origins.setdefault(origin, _Origin()).forgot = forgot
-    seq = conn.execute("SELECT value FROM meta WHERE name = 'seq'").fetchone()
-    return state, int(seq[0]) if seq else 0
+# -- reading --------------------------------------------------------------------------------
 
 
-def write(
+def counters(conn: sqlite3.Connection) -> Counters:
+    return Counters(*conn.execute("SELECT seq, change, pruned FROM counters").fetchone())
+
+
+def load(
     conn: sqlite3.Connection,
-    before: tuple[dict[ScopeKey, Circuit], dict[str, int], int],
-    after: tuple[_Scopes, int],
-    added: list[Lease],
-    removed: list[tuple[ScopeKey, str]],
-) -> bool:
-    """Write what changed between two views, with the leases taken and given back.
+) -> tuple[Counters, list[tuple[ScopeKey, Circuit, float]], list[tuple[str, int]]]:
+    """Everything: the counters, every scope (oldest first) and every origin's mark."""
+    found = counters(conn)
+    rows = conn.execute(_ALL_SCOPES)
+    scopes = [_circuit(row) for row in rows]
+    origins = conn.execute("SELECT origin, forgot FROM origins").fetchall()
+    return found, scopes, origins
 
-    True when a lease given back had ended already: its scope's count was
-    lowered twice in the view, which must be read again.
-    """
-    entries, forgot, seq = before
-    state, new_seq = after
-    for key, c in state.entries.items():
-        old = entries.get(key)
-        if old is c:
-            continue
-        if old is None or _row(key, old) != _row(key, c):
+
+def changes(conn: sqlite3.Connection, since: int, found: Counters) -> Changes:
+    """What changed after change `since` (at most `found.change`): rows by their stamps."""
+    rows = conn.execute(_SCOPES_SINCE, (since,))
+    scopes = [_circuit(row) for row in rows]
+    gone = [
+        _key(kind, origin, credential, detail)
+        for kind, origin, credential, detail in conn.execute(
+            "SELECT kind, origin, credential, detail FROM gone WHERE change > ?", (since,)
+        )
+    ]
+    origins = conn.execute("SELECT origin, forgot FROM origins WHERE change > ?", (since,))
+    return Changes(found, scopes, gone, origins.fetchall())
+
+
+def end_leases(conn: sqlite3.Connection, now: float) -> list[tuple[ScopeKey, int]]:
+    """Drop the leases that ended by `now`: their scopes and generations, one per lease."""
+    ended = conn.execute(
+        "SELECT s.kind, s.origin, s.credential, s.detail, l.generation FROM leases AS l"
+        " LEFT JOIN scopes AS s ON s.key = l.key WHERE l.until <= ?",
+        (now,),
+    ).fetchall()
+    if not ended:
+        return []
+    conn.execute("DELETE FROM leases WHERE until <= ?", (now,))
+    ended = [row for row in ended if row[0] is not None]  # a scope gone: nothing to free
+    return [(_key(kind, origin, cred, detail), gen) for kind, origin, cred, detail, gen in ended]
+
+
+def lease_end(conn: sqlite3.Connection, key: ScopeKey, generation: int) -> float:
+    """When the earliest lease held on the scope's generation ends (0: none is held)."""
+    until = conn.execute(
+        "SELECT MIN(until) FROM leases WHERE key = ? AND generation = ?", (key.key, generation)
+    ).fetchone()[0]
+    return float(until) if until is not None else 0.0
+
+
+# -- writing ----------------------------------------------------------------------------------
+
+
+class Writer:
+    """The statements of one write transaction, every row stamped with its change number."""
+
+    __slots__ = ("change", "conn")
+
+    def __init__(self, conn: sqlite3.Connection, change: int) -> None:
+        self.conn = conn
+        self.change = change
+
+    def scope(self, key: ScopeKey, before: Circuit | None, c: Circuit | None) -> float:
+        """Write a scope as the view holds it now (None: forgotten), its leases tidied;
+        when its earliest lease ends (0: it holds none)."""
+        conn, text = self.conn, key.key
+        # Only a half-open scope holds leases; a new generation's slots are not an old one's.
+        if before is not None and before.state is State.HALF_OPEN:
+            if c is None or c.state is not State.HALF_OPEN:
+                conn.execute("DELETE FROM leases WHERE key = ?", (text,))
+            elif c.generation != before.generation:
+                conn.execute(
+                    "DELETE FROM leases WHERE key = ? AND generation <> ?", (text, c.generation)
+                )
+        if c is None:
+            conn.execute("DELETE FROM scopes WHERE key = ?", (text,))
             conn.execute(
-                "INSERT OR REPLACE INTO scopes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)", _row(key, c)
+                "INSERT OR REPLACE INTO gone VALUES (?, ?, ?, ?, ?, ?)",
+                (text, key.kind.value, key.origin, key.credential, _detail(key), self.change),
             )
-        if c.state is not State.HALF_OPEN:
-            conn.execute("DELETE FROM leases WHERE key = ?", (key.key,))
-        elif old is None or old.generation != c.generation:
-            conn.execute(
-                "DELETE FROM leases WHERE key = ? AND generation <> ?", (key.key, c.generation)
-            )
-    for key in entries.keys() - state.entries.keys():
-        conn.execute("DELETE FROM scopes WHERE key = ?", (key.key,))
-        conn.execute("DELETE FROM leases WHERE key = ?", (key.key,))
-    for name, origin in state.origins.items():
-        if forgot.get(name) != origin.forgot:
-            conn.execute("INSERT OR REPLACE INTO origins VALUES (?, ?)", (name, origin.forgot))
-    for name in forgot.keys() - state.origins.keys():
-        conn.execute("DELETE FROM origins WHERE origin = ?", (name,))
-    if new_seq != seq:
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('seq', ?)", (str(new_seq),))
-    for key, token, generation, until in added:
+            return 0.0
+        ends = lease_end(conn, key, c.generation) if c.probes else 0.0
         conn.execute(
+            "INSERT OR REPLACE INTO scopes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (*_row(key, c), ends, self.change),
+        )
+        return ends
+
+    def lease(self, key: ScopeKey, token: str, generation: int, until: float) -> None:
+        self.conn.execute(
             "INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?)", (key.key, token, generation, until)
         )
-    ended = False
-    for key, token in removed:
-        gone = conn.execute(
-            "DELETE FROM leases WHERE key = ? AND token = ?", (key.key, token)
-        ).rowcount
-        ended = ended or not gone
-    return ended
+
+    def origin(self, name: str, forgot: int | None) -> None:
+        """An origin's mark as the view holds it (None: no longer kept)."""
+        if forgot is None:
+            self.conn.execute("DELETE FROM origins WHERE origin = ?", (name,))
+        else:
+            self.conn.execute(
+                "INSERT OR REPLACE INTO origins VALUES (?, ?, ?)", (name, forgot, self.change)
+            )
+
+    def counters(self, seq: int) -> None:
+        """The new sequence and change number; now and then, old tombstones pruned."""
+        conn, change = self.conn, self.change
+        if change % PRUNE_EVERY == 0 and change > KEEP_TOMBSTONES:
+            horizon = change - KEEP_TOMBSTONES
+            conn.execute("DELETE FROM gone WHERE change <= ?", (horizon,))
+            conn.execute("UPDATE counters SET pruned = ?", (horizon,))
+        conn.execute("UPDATE counters SET seq = ?, change = ?", (seq, change))
+
+
+def heartbeat(conn: sqlite3.Connection, now: float) -> None:
+    """A write that changes nothing the stores read: does the file take writes?"""
+    conn.execute("INSERT OR REPLACE INTO meta VALUES ('written', ?)", (repr(now),))
+
+
+def release_lease(conn: sqlite3.Connection, key: ScopeKey, token: str) -> bool:
+    """Give a lease back; False when it was gone (ended, and counted out then)."""
+    return bool(
+        conn.execute("DELETE FROM leases WHERE key = ? AND token = ?", (key.key, token)).rowcount
+    )
 
 
 @contextlib.contextmanager
@@ -171,14 +299,28 @@ def immediate(conn: sqlite3.Connection, begin: str = "BEGIN IMMEDIATE") -> Itera
     conn.execute("COMMIT")
 
 
-def _row(key: ScopeKey, c: Circuit) -> _Row:
+# -- rows -------------------------------------------------------------------------------------
+
+
+def _detail(key: ScopeKey) -> str:
+    return key.model or key.endpoint
+
+
+def _key(kind: str, origin: str, credential: str, detail: str) -> ScopeKey:
+    k = ScopeKind(kind)
+    if k is ScopeKind.ENDPOINT:
+        return ScopeKey(k, origin, credential, endpoint=detail)
+    return ScopeKey(k, origin, credential, detail)
+
+
+def _row(key: ScopeKey, c: Circuit) -> Row:
     rate = ";".join(f"{b.index}:{b.successes}:{b.failures}" for b in c.rate)
     return (
         key.key,
         key.kind.value,
         key.origin,
         key.credential,
-        key.model or key.endpoint,
+        _detail(key),
         c.state.value,
         c.failures,
         c.generation,
@@ -187,10 +329,11 @@ def _row(key: ScopeKey, c: Circuit) -> _Row:
         c.window,
         c.reason,
         rate,
+        c.probes,
     )
 
 
-def _circuit(row: _Row) -> tuple[ScopeKey, Circuit]:
+def _circuit(row: Row) -> tuple[ScopeKey, Circuit, float]:
     (
         _,
         kind,
@@ -205,14 +348,11 @@ def _circuit(row: _Row) -> tuple[ScopeKey, Circuit]:
         window,
         reason,
         rate,
+        probes,
+        ends,
     ) = row
-    k = ScopeKind(kind)
-    if k is ScopeKind.ENDPOINT:
-        key = ScopeKey(k, origin, credential, endpoint=detail)
-    else:
-        key = ScopeKey(k, origin, credential, detail)
     buckets = tuple(Bucket(*(int(n) for n in part.split(":"))) for part in rate.split(";") if part)
-    return key, Circuit(
+    c = Circuit(
         state=State(state),
         failures=failures,
         generation=gen,
@@ -220,5 +360,7 @@ def _circuit(row: _Row) -> tuple[ScopeKey, Circuit]:
         retry_at=retry_at,
         window=window,
         reason=reason,
+        probes=probes,
         rate=buckets,
     )
+    return _key(kind, origin, credential, detail), c, ends

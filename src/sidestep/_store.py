@@ -1,8 +1,9 @@
-"""Where circuit state lives: the `StateStore` protocol and `MemoryStore`.
+"""Where circuit state lives in one process: `MemoryStore` (and the protocol's names).
 
-A store offers whole operations — admit a request's scopes, record a verdict
-for a ticket, release a ticket, snapshot, clear — never get/set, so that each
-can be one atomic step: one lock here, one script on a shared server.
+A store offers whole operations (``_store_protocol``): here each is one step
+under one lock. Those steps are written so that a store sharing state can
+run them on a view of it: `_look` and `_changes_nothing` decide, changing
+nothing, whether an admission or a verdict would change a scope at all.
 
 Only unhealthy scopes are kept. While an origin has none, admission is one
 dictionary look-up: the request's model and credential are never worked out.
@@ -10,18 +11,25 @@ dictionary look-up: the request's model and credential are never worked out.
 
 from __future__ import annotations
 
-import hashlib
 import math
-import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING
 
 from . import _circuit as circuit
 from ._circuit import Circuit, Entry, State
 from ._classify import Kind, Verdict
 from ._scopes import Fingerprinter, ScopeFacts, ScopeKey, ScopeKind
+from ._store_protocol import (
+    Admission,
+    Refusal,
+    ScopeStatus,
+    StateStore,
+    Ticket,
+    Transition,
+    store_id,
+)
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
@@ -34,159 +42,11 @@ __all__ = [
     "StateStore",
     "Ticket",
     "Transition",
+    "store_id",
     "verdict_keys",
 ]
 
 DEFAULT_MAX_SCOPES = 10_000
-
-
-class Ticket:
-    """One admitted request on one target: what it saw, so its verdict can be checked for staleness.
-
-    `generations` holds, for each covering scope, the generation seen at
-    admission (0: not kept, i.e. healthy); None when the origin had nothing
-    unhealthy and no key was computed at all. Created per request: kept lean.
-    """
-
-    __slots__ = ("done", "facts", "generations", "probes", "seq", "shadow")
-
-    def __init__(
-        self,
-        facts: ScopeFacts,
-        seq: int,
-        generations: dict[ScopeKey, int] | None = None,
-        probes: tuple[ScopeKey, ...] = (),
-        shadow: bool = False,
-    ) -> None:
-        self.facts = facts
-        self.seq = seq
-        self.generations = generations
-        self.probes = probes
-        self.shadow = shadow  # observe mode: enforcing would have refused this request
-        self.done = False
-
-    def __repr__(self) -> str:
-        return f"Ticket(origin={self.facts.origin!r}, seq={self.seq}, probes={len(self.probes)})"
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """The scope that keeps a target out, and until when."""
-
-    scope: ScopeKey
-    state: State
-    reason: str | None
-    retry_at: float  # math.inf while open until cleared
-
-
-_STATE_KEY = secrets.token_bytes(16)  # store ids mean something in this process alone
-
-
-def store_id(store: object) -> str:
-    """An opaque id of the state a store holds: events about its scopes carry it, so
-    that a listing of one store speaks for that state alone. Two instances of a shared
-    store on one state (a Redis server and prefix, a SQLite file: `_shared_state`) have
-    one id, keyed by a secret of this process (the name may hold a password); any other
-    store is its instance."""
-    shared = getattr(store, "_shared_state", None)
-    if not isinstance(shared, str):
-        return format(id(store), "x")
-    return hashlib.blake2b(shared.encode(), key=_STATE_KEY, digest_size=8).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A scope changed state: the material of one event.
-
-    `forgotten`: the store let go of a scope that was not closed (open or
-    half-open, `previous`) to stay within its bound; it is healthy again as
-    far as admission goes (`state` closed), but never passed a probe. Such a
-    scope may be any target's, not the request's that made room; `at` is when
-    the store let go of it (`time.monotonic()`, taken before anything else could
-    suspend that scope anew), so that telling it late takes off no newer suspension.
-    """
-
-    scope: ScopeKey
-    state: State
-    previous: State
-    reason: str | None
-    failures: int
-    retry_in: float | None  # seconds until half-open, when opened; None when open until cleared
-    forgotten: bool = False
-    at: float | None = None  # a forgotten scope's: when the store let go of it (if known)
-
-
-class Admission(NamedTuple):
-    """How admission went: made per request, so a tuple (the cheapest value to build)."""
-
-    ticket: Ticket | None  # None: refused
-    refusal: Refusal | None = None  # why refused (in observe mode: why it would have been)
-    transitions: tuple[Transition, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ScopeStatus:
-    """A snapshot of one unhealthy scope (no credential, no URL path)."""
-
-    scope_id: str
-    scope: ScopeKey
-    state: State
-    reason: str | None
-    failures: int
-    retry_at: float
-    retry_in: float | None
-    opened_at: float | None = None  # when its current window began; None when it has no end
-
-
-class StateStore(Protocol):
-    """Atomic circuit operations; `MemoryStore` here, `RedisStore` across processes.
-
-    `blocking` says whether the plain methods may wait on I/O: the async
-    transport then uses the `*_async` twins so the event loop never blocks.
-    """
-
-    fingerprint: Fingerprinter
-    blocking: bool
-
-    def admit(
-        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
-    ) -> Admission:
-        """Admit a request's scopes; `lease` bounds how long a probe slot may be held."""
-        ...
-
-    def record(
-        self,
-        ticket: Ticket,
-        verdict: Verdict,
-        policy: BreakerPolicy,
-        suspensions: Suspensions,
-        now: float,
-    ) -> tuple[Transition, ...]: ...
-
-    def release(self, ticket: Ticket) -> None: ...
-
-    def snapshot(self, now: float) -> list[ScopeStatus]: ...
-
-    def clear(self, scope_id: str) -> bool: ...
-
-    async def snapshot_async(self, now: float) -> list[ScopeStatus]: ...
-
-    async def clear_async(self, scope_id: str) -> bool: ...
-
-    async def admit_async(
-        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
-    ) -> Admission: ...
-
-    async def record_async(
-        self,
-        ticket: Ticket,
-        verdict: Verdict,
-        policy: BreakerPolicy,
-        suspensions: Suspensions,
-        now: float,
-    ) -> tuple[Transition, ...]: ...
-
-    async def release_async(self, ticket: Ticket) -> None: ...
 
 
 @dataclass(slots=True)
@@ -292,6 +152,21 @@ class MemoryStore:
     def _admit(
         self, facts: ScopeFacts, keys: tuple[ScopeKey, ...], policy: BreakerPolicy, now: float
     ) -> Admission:
+        admission = self._look(facts, keys, policy, now, change=True)
+        assert admission is not None  # allowed to change, it always decides
+        return admission
+
+    def _look(
+        self,
+        facts: ScopeFacts,
+        keys: tuple[ScopeKey, ...],
+        policy: BreakerPolicy,
+        now: float,
+        *,
+        change: bool,
+    ) -> Admission | None:
+        """Admission on the scopes kept; without `change`, None when it would change one
+        (a window over, a probe slot to take): nothing is changed then."""
         entries = self._state.entries
         # Look first, change later: a refused request must not take probe slots.
         refusal: Refusal | None = None
@@ -317,12 +192,16 @@ class MemoryStore:
                 continue
             if refusal is None:
                 after, entry = circuit.admit(c, policy, now, self._seq + 1)
-                if after.generation != c.generation:
-                    self._seq += 1
-                    transitions.append(_transition(key, after, c.state, now))
+                if after is not c:
+                    if not change:
+                        return None
+                    entries[key] = after
+                    if after.generation != c.generation:
+                        self._seq += 1
+                        transitions.append(_transition(key, after, c.state, now))
+                    c = after
                 if entry is Entry.PROBE:
                     probes.append(key)
-                entries[key] = c = after
             generations[key] = c.generation
         ticket = Ticket(facts, self._seq, generations, tuple(probes), shadow=refusal is not None)
         return Admission(ticket, refusal, tuple(transitions))
@@ -337,28 +216,61 @@ class MemoryStore:
         suspensions: Suspensions,
         now: float,
     ) -> tuple[Transition, ...]:
-        if ticket.done:
+        keys = self._verdict_keys(ticket, verdict)
+        if keys is None:
             return ()
+        with self._lock:
+            return self._record(ticket, keys, verdict, policy, suspensions, now)
+
+    def _verdict_keys(self, ticket: Ticket, verdict: Verdict) -> tuple[ScopeKey, ...] | None:
+        """Marks the ticket done; the scopes its verdict concerns, None when it records nothing."""
+        if ticket.done:
+            return None
         ticket.done = True
         if ticket.shadow:
-            return ()  # observe mode: enforcing would never have sent it
+            return None  # observe mode: enforcing would never have sent it
         if verdict.kind is Kind.SUCCESS:
             origin = self._state.origins.get(ticket.facts.origin)
             if not ticket.probes and (origin is None or not origin.unhealthy):
-                return ()  # the healthy path: nothing kept, nothing to reset
-            keys = ticket.facts.keys()
-        else:
-            keys = verdict_keys(ticket.facts, verdict)
-        with self._lock:
-            dropped: list[Transition] = []
-            self._dropped = dropped
-            transitions = [
-                t
-                for key in keys
-                if (t := self._apply(ticket, key, verdict, policy, suspensions, now)) is not None
-            ]
-            self._release(ticket, exclude=keys)
+                return None  # the healthy path: nothing kept, nothing to reset
+            return ticket.facts.keys()
+        return verdict_keys(ticket.facts, verdict)
+
+    def _record(
+        self,
+        ticket: Ticket,
+        keys: tuple[ScopeKey, ...],
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> tuple[Transition, ...]:
+        dropped: list[Transition] = []
+        self._dropped = dropped
+        transitions = [
+            t
+            for key in keys
+            if (t := self._apply(ticket, key, verdict, policy, suspensions, now)) is not None
+        ]
+        self._release(ticket, exclude=keys)
         return (*transitions, *dropped) if dropped else tuple(transitions)
+
+    def _changes_nothing(
+        self,
+        ticket: Ticket,
+        keys: tuple[ScopeKey, ...],
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+    ) -> bool:
+        """Would recording this verdict leave every scope as it is (nothing written)?"""
+        if ticket.probes:
+            return False
+        return all(
+            self._verdict(ticket, key, verdict, policy, suspensions, now, self._seq) is None
+            for key in keys
+        )
 
     def _apply(
         self,
@@ -369,17 +281,37 @@ class MemoryStore:
         suspensions: Suspensions,
         now: float,
     ) -> Transition | None:
+        change = self._verdict(ticket, key, verdict, policy, suspensions, now, self._seq)
+        if change is None:
+            return None
+        before, after, self._seq = change
+        self._put(key, before, after)
+        previous = before.state if before is not None else State.CLOSED
+        return _transition(key, after, previous, now) if after.state is not previous else None
+
+    def _verdict(
+        self,
+        ticket: Ticket,
+        key: ScopeKey,
+        verdict: Verdict,
+        policy: BreakerPolicy,
+        suspensions: Suspensions,
+        now: float,
+        seq: int,
+    ) -> tuple[Circuit | None, Circuit, int] | None:
+        """What the verdict does to one scope, changing nothing: the circuit before and
+        after, and the sequence number after; None when it does nothing."""
         before = self._state.entries.get(key)
         if not self._current(ticket, key, before):
             return None
         if before is None:
             if verdict.kind is Kind.SUCCESS:
                 return None  # healthy already
-            self._seq += 1
-            c = Circuit(generation=self._seq, born=self._seq)
+            seq += 1
+            c = Circuit(generation=seq, born=seq)
         else:
             c = before
-        next_gen = self._seq + 1
+        next_gen = seq + 1
         if verdict.kind is Kind.SUCCESS:
             after = circuit.on_success(c, policy, now)
         elif verdict.kind is Kind.FAILURE:
@@ -393,10 +325,8 @@ class MemoryStore:
         if after is before:
             return None
         if after.generation == next_gen or (after.healthy and c.state is not State.CLOSED):
-            self._seq += 1
-        self._put(key, before, after)
-        previous = before.state if before is not None else State.CLOSED
-        return _transition(key, after, previous, now) if after.state is not previous else None
+            seq += 1
+        return before, after, seq
 
     def _current(self, ticket: Ticket, key: ScopeKey, c: Circuit | None) -> bool:
         """Is this ticket's verdict about the scope's present generation?"""
@@ -485,27 +415,18 @@ class MemoryStore:
     def snapshot(self, now: float) -> list[ScopeStatus]:
         with self._lock:
             items = list(self._state.entries.items())
-        return [
-            ScopeStatus(
-                key.scope_id,
-                key,
-                c.state,
-                c.reason,
-                c.failures,
-                c.retry_at,
-                c.retry_in(now),
-                _opened_at(c),
-            )
-            for key, c in items
-        ]
+        return _statuses(items, now)
 
     def clear(self, scope_id: str) -> bool:
         with self._lock:
-            for key in self._state.entries:
-                if key.scope_id == scope_id:
-                    self._seq += 1
-                    self._forget(key)
-                    return True
+            return self._clear(scope_id)
+
+    def _clear(self, scope_id: str) -> bool:
+        for key in self._state.entries:
+            if key.scope_id == scope_id:
+                self._seq += 1
+                self._forget(key)
+                return True
         return False
 
     # -- async twins: nothing here waits, so they just call through -------------
@@ -542,6 +463,22 @@ def verdict_keys(facts: ScopeFacts, verdict: Verdict) -> tuple[ScopeKey, ...]:
     if verdict.also is None:
         return (facts.key(verdict.scope),)
     return tuple(dict.fromkeys((facts.key(verdict.scope), facts.key(verdict.also))))
+
+
+def _statuses(items: list[tuple[ScopeKey, Circuit]], now: float) -> list[ScopeStatus]:
+    return [
+        ScopeStatus(
+            key.scope_id,
+            key,
+            c.state,
+            c.reason,
+            c.failures,
+            c.retry_at,
+            c.retry_in(now),
+            _opened_at(c),
+        )
+        for key, c in items
+    ]
 
 
 def _opened_at(c: Circuit) -> float | None:
