@@ -20,6 +20,7 @@ from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
+from sidestep._sqlite_loop import _Handoff
 from upstream import wait_for
 
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -229,3 +230,26 @@ async def test_the_event_loop_never_reads_the_file(kept: Path) -> None:
     assert watched.seen, "the worker read nothing"
     assert all(thread != loop_thread for _, thread in watched.seen)
     assert store.fallbacks == 0
+
+
+def test_a_probe_abandoned_across_close_is_still_given_back(tmp_path: Path) -> None:
+    """An async admission whose caller gives up after its thread took the only probe slot, the store closed meanwhile, still gives the slot back at once rather than when its lease ends."""
+    policy = BreakerPolicy(failure_threshold=2, cooldown=1, max_cooldown=60, half_open_probes=1)
+    store = SqliteStore(tmp_path / "s.db", refresh=0)
+    store._caller_clock = True
+    for _ in range(2):
+        ticket = store.admit(facts(store), policy, 0).ticket
+        assert ticket is not None
+        store.record(ticket, FAIL, policy, SUSPENSIONS, 0)
+    handoff = _Handoff(store, store._worker)  # as `admit_in_thread` makes it
+    taken = handoff.admit(facts(store), policy, 2, 3600.0).ticket  # the thread's answer
+    assert taken is not None and taken.probes
+    store.close()  # the application shuts down while the caller still waits
+    handoff.abandon()  # then the caller is cancelled
+
+    def probes() -> bool:
+        ticket = store.admit(facts(store), policy, 2).ticket
+        return ticket is not None and bool(ticket.probes)
+
+    wait_for(probes)  # long before the hour's lease could end
+    store.close()

@@ -92,10 +92,14 @@ def _run(worker: Worker) -> None:
             worker._idle = False
             worker._wake.clear()
         store = worker._store()
-        if worker._stopped or store is None:
+        if store is None:
             return
+        # Probe slots given back even once stopped: a store closed while an abandoned
+        # admission waited here is used again (and reopened) by its next caller.
         while worker._releases:
             store.release(worker._releases.popleft())
+        if worker._stopped:
+            return
         if worker._poll:
             worker._poll = False
             store._poll(wait=True)
