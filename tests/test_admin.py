@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -20,10 +22,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
+import sidestep._admin
 import sidestep.admin
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
-from sidestep._config import SidestepConfigWarning
+from sidestep._classify import RATE_LIMITED, Kind, Verdict
+from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
+from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep.logging import add_observer, remove_observer
 from upstream import Respond, Upstream
 
@@ -505,3 +510,119 @@ def test_mounted_under_a_permissive_cors_policy_a_cross_origin_clear_is_refused(
         )
         assert sent.status_code == 403
     assert [row.scope_id for row in setup.transport.suspensions()] == [scope_id]
+
+
+LIMITED = Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.ORIGIN, True, retry_after=3600, status=429)
+
+
+def suspend_origins(store: Any, count: int, first: int = 0) -> list[str]:
+    """Suspend `count` unrouted origins in `store` as a 429 from each would; their origins."""
+    policy = BreakerPolicy(cooldown=3600, max_cooldown=3600)
+    origins = [f"https://o{i:05d}.example:443" for i in range(first, first + count)]
+    for origin in origins:
+        facts = ScopeFacts(origin, headers={}, body=None, fingerprint=store.fingerprint)
+        admission = store.admit(facts, policy, time.monotonic())
+        assert admission.ticket is not None
+        store.record(admission.ticket, LIMITED, policy, Suspensions(), time.monotonic())
+    return origins
+
+
+class GatedStore(sidestep.MemoryStore):
+    """A memory store whose snapshot, once armed, says it began and waits for the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def snapshot(self, now: float) -> list[Any]:
+        if self.armed:
+            self.entered.set()
+            if not self.gate.wait(60):
+                raise RuntimeError("the test never opened the gate")
+        return super().snapshot(now)
+
+
+@pytest.mark.parametrize(
+    ("held", "request_line"),
+    [
+        ("the snapshot", "GET /sidestep/suspensions"),
+        ("the report of what was listed", "GET /sidestep/suspensions"),
+        ("the encoding of its rows", "GET /sidestep/suspensions"),
+        ("the snapshot", "GET /sidestep/"),
+        ("the encoding of its rows", "GET /sidestep/"),
+        ("the snapshot", "DELETE /sidestep/suspensions/{scope_id}"),
+    ],
+)
+def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken(
+    a: Upstream, b: Upstream, held: str, request_line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mounted in a FastAPI app over its async transport's memory store of 10,000 suspended scopes, a listing (the API's, the page's, or a clear's) held in the middle of being taken — in the store's snapshot, in reporting what it listed, or in encoding its rows — leaves the app's event loop free: /ping answers three times while the listing is held, and once let go the listing answers in full."""
+    store = GatedStore()
+    transport = sidestep.AsyncFailoverTransport(config_for(a, b), store=store)
+    origins = suspend_origins(store, 10_000)
+    scope_id = next(row.scope_id for row in transport.suspensions() if row.target == origins[0])
+    api = fastapi.FastAPI()
+
+    @api.get("/ping")
+    async def ping() -> str:
+        return "pong"
+
+    api.mount("/sidestep", sidestep.admin.app(transport, token=TOKEN))
+    entered, gate = store.entered, store.gate
+
+    def observer(event: str, fields: Any) -> None:
+        if event == "suspensions.listed":
+            entered.set()
+            if not gate.wait(60):
+                raise RuntimeError("the test never opened the gate")
+
+    row_of = sidestep._admin.as_json
+
+    def held_row(*args: Any) -> Any:
+        entered.set()
+        if not gate.wait(60):
+            raise RuntimeError("the test never opened the gate")
+        return row_of(*args)
+
+    if held == "the snapshot":
+        store.armed = True
+    elif held == "the encoding of its rows":
+        monkeypatch.setattr("sidestep._admin.as_json", held_row)
+    else:
+        add_observer(observer)
+    method, path = request_line.split(" ")
+    answers: list[httpx.Response] = []
+    try:
+        with serve_asgi(api, lifespan="off") as url:
+            listing = threading.Thread(
+                target=lambda: answers.append(
+                    httpx.request(
+                        method,
+                        url + path.format(scope_id=scope_id),
+                        headers=bearer(TOKEN),
+                        timeout=60,
+                    )
+                )
+            )
+            listing.start()
+            try:
+                assert entered.wait(30), "the listing never began"
+                for _ in range(3):
+                    assert httpx.get(f"{url}/ping", timeout=10).json() == "pong"
+                assert listing.is_alive() and not answers  # still held at the gate
+            finally:
+                gate.set()
+                listing.join(60)
+    finally:
+        remove_observer(observer)
+    (answer,) = answers
+    assert answer.status_code == 200
+    if path == "/sidestep/suspensions":
+        assert len(answer.json()["suspensions"]) == 10_000
+    elif path == "/sidestep/":
+        assert answer.text.count('<tr class="open"') == 10_000
+    else:
+        assert answer.json()["target"] == origins[0]
+        assert len(transport.suspensions()) == 9_999

@@ -3,7 +3,9 @@
 `handle` takes one request's method, path, query, ``Authorization`` header
 and peer, and yields the store operations it needs (`ListRows`, `ClearRow`)
 to the shell that performs them, sync (WSGI) or async (ASGI), then returns
-the `Answer`. Clearing names who asked: the audit event's ``who``.
+the `Answer`; `advance` takes it one step, so a shell may run the step after
+a listing (filtering, the rows' JSON or the page's HTML) off its event loop.
+Clearing names who asked: the audit event's ``who``.
 """
 
 from __future__ import annotations
@@ -21,11 +23,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ._listing import Suspension, as_json, matches
+from ._listing import Listed, as_json, passes
+from ._store import ScopeStatus
 
-__all__ = ["Answer", "ClearRow", "ListRows", "Origins", "Token", "handle", "tokens_of"]
+__all__ = ["Answer", "ClearRow", "ListRows", "Origins", "Token", "advance", "handle", "tokens_of"]
 
 _FILTERS = ("route", "target", "reason")
+_SLICE = 16
+"""Rows handled between two chances for the process's other threads to run (about a
+millisecond of work): with a listing of thousands built in a worker thread, an event
+loop in the same process waits no longer than that for the interpreter's lock."""
 _PAGE = Path(__file__).with_name("_admin_page.html").read_text(encoding="utf-8")
 _API_HEADERS = [
     ("content-type", "application/json"),
@@ -82,8 +89,8 @@ def tokens_of(
 
 @dataclass(frozen=True)
 class ListRows:
-    """Effect: the store's rows, the configured routes, and the store's clock reading
-    (None when the store did not answer)."""
+    """Effect: the store's rows (a `Listed`), the configured routes, and the store's clock
+    reading (None when the store did not answer)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,15 @@ class Answer:
 
 _Steps = Generator[ListRows | ClearRow, Any, Answer]
 _ANONYMOUS = Token("anonymous", "-")
+
+
+def advance(steps: _Steps, reply: Any) -> ListRows | ClearRow | Answer:
+    """Send `reply` to the steps of `handle`: the next effect to perform, or the answer."""
+    try:
+        return steps.send(reply)
+    except StopIteration as done:
+        answer: Answer = done.value
+        return answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +168,7 @@ def handle(
         if listed is None:
             return _unavailable()
         rows, routes, now = listed
-        shown = [as_json(row, now, time.time()) for row in rows if matches(row, filters)]
-        return _json(200, {"routes": routes, "suspensions": shown})
+        return _listing(rows, routes, now, filters)
     if path.startswith("/suspensions/") and "/" not in path[len("/suspensions/") :]:
         if method != "DELETE":
             return _not_allowed("DELETE")
@@ -170,6 +185,31 @@ def handle(
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _listing(
+    listed: Listed, routes: dict[str, list[str]], now: float, filters: Mapping[str, str]
+) -> Answer:
+    """The rows that pass `filters`, each built just before it is encoded."""
+    statuses = listed.statuses
+    if filters:
+        statuses = [s for s in statuses if passes(listed.pairs(s), s.reason, filters)]
+    wall = time.time()
+    slices = []
+    for i in range(0, len(statuses), _SLICE):
+        # each row built just before it is encoded, and let go of once it is: thousands
+        # held at once would set off the collector's full passes, which hold every thread
+        rows = [as_json(listed.row(s), now, wall) for s in statuses[i : i + _SLICE]]
+        slices.append(json.dumps(rows)[1:-1])
+        _let_others_run()
+    body = f'{json.dumps({"routes": routes})[:-1]}, "suspensions": [{", ".join(slices)}]}}'
+    return Answer(200, [*_API_HEADERS, ("content-length", str(len(body)))], body.encode())
+
+
+def _let_others_run() -> None:
+    # a sleep of nothing hands the interpreter's lock to a thread waiting for it, which
+    # would otherwise wait out the switch interval (5 ms) each time it needs the lock
+    time.sleep(0)
 
 
 def _cross_site(origins: Origins) -> bool:
@@ -281,23 +321,23 @@ _PAGE_HEADERS = [
 
 
 def _page(
-    rows: list[Suspension], routes: dict[str, list[str]], now: float, base: str, who: Token
+    listed: Listed, routes: dict[str, list[str]], now: float, base: str, who: Token
 ) -> Answer:
     body = (
         _PAGE.replace("{{base}}", html.escape(base.rstrip("/") + "/"))
         .replace("{{may_clear}}", "true" if who.may_clear else "false")
-        .replace("{{rows}}", _table(rows, routes, now))
+        .replace("{{rows}}", _table(listed, routes, now))
     ).encode()
     return Answer(200, [*_PAGE_HEADERS, ("content-length", str(len(body)))], body)
 
 
-def _table(rows: list[Suspension], routes: Mapping[str, list[str]], now: float) -> str:
+def _table(listed: Listed, routes: Mapping[str, list[str]], now: float) -> str:
     """The table as the page first shows it (and as it stays with scripts off)."""
     wall = time.time()
-    by_target: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        for pair in row.targets or ((row.route, row.target),):
-            by_target.setdefault(pair, []).append(as_json(row, now, wall))
+    by_target: dict[tuple[str | None, str], list[ScopeStatus]] = {}
+    for status in listed.statuses:
+        for pair in listed.pairs(status):
+            by_target.setdefault(pair, []).append(status)
     groups: list[tuple[str | None, list[str]]] = [(name, names) for name, names in routes.items()]
     unrouted = sorted({t for (r, t) in by_target if r is None})
     if unrouted:
@@ -307,8 +347,11 @@ def _table(rows: list[Suspension], routes: Mapping[str, list[str]], now: float) 
         title = html.escape(route) if route is not None else "unrouted origins"
         lines.append(f'<tbody><tr class="route"><th colspan="7">{title}</th></tr>')
         for target in targets:
-            found: list[dict[str, Any] | None] = [*by_target.get((route, target), [])]
-            for index, cells in enumerate(found or [None]):
+            found = by_target.get((route, target), [])
+            if not found:
+                lines.append(_tr(target, None))
+            for index, status in enumerate(found):
+                cells = as_json(listed.row(status), now, wall)
                 lines.append(_tr(target if index == 0 else "", cells))
         lines.append("</tbody>")
     return "\n".join(lines)

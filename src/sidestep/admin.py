@@ -15,24 +15,27 @@ Every request needs a token: ``Authorization: Bearer <token>`` (or HTTP Basic
 with the token as the password, which a browser sends by itself). The app
 refuses to be built without one unless ``allow_unauthenticated=True``.
 
+The ASGI app never holds its event loop while it lists: the store is read,
+and its rows named, filtered and encoded, in worker threads.
+
 Example:
     >>> api.mount("/sidestep", sidestep.admin.app(transport, token=os.environ["ADMIN_TOKEN"]))
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._admin import Answer, ListRows, Origins, Token, handle, tokens_of
+import anyio.to_thread
+
+from ._admin import Answer, ListRows, Origins, Token, advance, handle, tokens_of
 from ._config import Config, as_config
 from ._listing import Listing, StoreUnavailable
 from ._routes import Router
 from ._transport import _Shell
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Token", "app", "wsgi_app"]
 
@@ -101,20 +104,20 @@ def app(
                 request.headers.get("host"),
             ),
         )
-        reply: Any = None
-        try:
-            while True:
-                effect = steps.send(reply)
-                try:
-                    if isinstance(effect, ListRows):
-                        rows = await view.asuspensions()
-                        reply = (rows, view.routes(), view.clock())
-                    else:
-                        reply = (await view.aclear(effect.scope_id, effect.who), view.clock())
-                except StoreUnavailable:
-                    reply = None
-        except StopIteration as done:
-            answer: Answer = done.value
+        effect = advance(steps, None)
+        while not isinstance(effect, Answer):
+            if isinstance(effect, ListRows):
+                listed: Any = None
+                with contextlib.suppress(StoreUnavailable):
+                    listed = (await view.alisted(), view.routes(), view.clock())
+                # the filtering, the page of rows and its JSON (or the page's HTML) as well
+                effect = await anyio.to_thread.run_sync(advance, steps, listed)
+            else:
+                cleared: Any = None
+                with contextlib.suppress(StoreUnavailable):
+                    cleared = (await view.aclear(effect.scope_id, effect.who), view.clock())
+                effect = advance(steps, cleared)
+        answer = effect
         response = Response(answer.body, answer.status)
         response.raw_headers = [(k.encode(), v.encode()) for k, v in answer.headers]
         return response
@@ -160,19 +163,16 @@ def wsgi_app(
                 environ.get("HTTP_HOST"),
             ),
         )
-        reply: Any = None
-        try:
-            while True:
-                effect = steps.send(reply)
-                try:
-                    if isinstance(effect, ListRows):
-                        reply = (view.suspensions(), view.routes(), view.clock())
-                    else:
-                        reply = (view.clear(effect.scope_id, effect.who), view.clock())
-                except StoreUnavailable:
-                    reply = None
-        except StopIteration as done:
-            answer: Answer = done.value
+        effect = advance(steps, None)
+        while not isinstance(effect, Answer):
+            reply: Any = None
+            with contextlib.suppress(StoreUnavailable):
+                if isinstance(effect, ListRows):
+                    reply = (view.listed(), view.routes(), view.clock())
+                else:
+                    reply = (view.clear(effect.scope_id, effect.who), view.clock())
+            effect = advance(steps, reply)
+        answer = effect
         start_response(f"{answer.status} {_REASONS[answer.status]}", answer.headers)
         return [] if environ.get("REQUEST_METHOD") == "HEAD" else [answer.body]
 
