@@ -269,6 +269,8 @@ def test_the_app_refuses_to_be_built_without_a_token(a: Upstream, b: Upstream) -
     with serve_asgi(open_app, lifespan="off") as url:
         assert httpx.get(f"{url}/suspensions").json() == {
             "routes": {"chat": ["primary", "backup"]},
+            "total": 0,
+            "next": None,
             "suspensions": [],
         }
 
@@ -527,6 +529,90 @@ def suspend_origins(store: Any, count: int, first: int = 0) -> list[str]:
     return origins
 
 
+def store_of(setup: Setup) -> Any:
+    return setup.store if setup.store is not None else setup.transport.store
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_pages_of_rows_join_into_the_whole_listing(setup: Setup, kind: str) -> None:
+    """?limit= pages the rows in scope_id order, each answer saying the total and the next page's ?after=; the pages join into the whole list, with no row twice, even when a row of a later page is cleared between pages; filters page alike."""
+    setup.fail_primary()
+    suspend_origins(store_of(setup), 24)
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+        whole = admin.get("/suspensions").json()
+        assert whole["total"] == 25 and whole["next"] is None
+        ids = [row["scope_id"] for row in whole["suspensions"]]
+        assert ids == sorted(ids) and len(set(ids)) == 25
+
+        seen, after, totals = [], None, set()
+        while True:
+            page = admin.get("/suspensions", params={"limit": 10, "after": after or ""}).json()
+            totals.add(page["total"])
+            seen += [row["scope_id"] for row in page["suspensions"]]
+            assert len(page["suspensions"]) <= 10
+            if page["next"] is None:
+                break
+            assert page["next"] == page["suspensions"][-1]["scope_id"]
+            after = page["next"]
+        assert seen == ids and totals == {25}
+
+        first = admin.get("/suspensions", params={"limit": 10}).json()
+        assert admin.delete(f"/suspensions/{ids[12]}").status_code == 200
+        rest = []
+        after = first["next"]
+        while after is not None:
+            page = admin.get("/suspensions", params={"limit": 10, "after": after}).json()
+            rest += [row["scope_id"] for row in page["suspensions"]]
+            after = page["next"]
+        assert [r["scope_id"] for r in first["suspensions"]] + rest == ids[:12] + ids[13:]
+
+        limited = admin.get("/suspensions", params={"reason": "rate_limited", "limit": 5}).json()
+        assert limited["total"] == 23 and len(limited["suspensions"]) == 5
+        assert {row["reason"] for row in limited["suspensions"]} == {"rate_limited"}
+        chat = admin.get("/suspensions", params={"route": "chat", "limit": 5}).json()
+        assert chat["total"] == 1 and chat["next"] is None
+        assert [row["target"] for row in chat["suspensions"]] == ["primary"]
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_limit_that_is_not_a_positive_whole_number_is_refused(setup: Setup, kind: str) -> None:
+    """?limit= of 0, a negative, a fraction, a word or a non-ASCII digit is a 400 invalid_limit; a limit past 10,000 is taken as 10,000; an ?after= past the last row is an empty last page that still counts every row."""
+    setup.fail_primary()
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(READER)) as admin:
+        for limit in ("0", "-1", "1.5", "ten", "\u0663", "1e3"):
+            refused = admin.get("/suspensions", params={"limit": limit})
+            assert refused.status_code == 400, limit
+            assert refused.json() == {"error": "invalid_limit"}
+        assert admin.get("/suspensions", params={"limit": "99999999999"}).json()["total"] == 1
+        past = admin.get("/suspensions", params={"after": "z"}).json()
+        assert past["suspensions"] == [] and past["total"] == 1 and past["next"] is None
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_listing_that_says_nothing_new_is_a_304(setup: Setup, kind: str) -> None:
+    """Each listing carries a weak ETag; asked again with it in If-None-Match (or with *), nothing having changed, the answer is a 304 with no body; once a scope is cleared, a 200 with the new rows and a new tag."""
+    setup.fail_primary()
+    suspend_origins(store_of(setup), 3)
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+        first = admin.get("/suspensions")
+        tag = first.headers["etag"]
+        assert tag.startswith('W/"')
+        again = admin.get("/suspensions", headers={"if-none-match": tag})
+        assert again.status_code == 304 and again.content == b""
+        assert again.headers["etag"] == tag
+        assert admin.get("/suspensions", headers={"if-none-match": "*"}).status_code == 304
+        strong = tag.removeprefix("W/")
+        listed = admin.get("/suspensions", headers={"if-none-match": f'"other", {strong}'})
+        assert listed.status_code == 304
+        other_page = admin.get("/suspensions?limit=2", headers={"if-none-match": tag})
+        assert other_page.status_code == 200
+        scope_id = first.json()["suspensions"][0]["scope_id"]
+        assert admin.delete(f"/suspensions/{scope_id}").status_code == 200
+        changed = admin.get("/suspensions", headers={"if-none-match": tag})
+        assert changed.status_code == 200 and changed.headers["etag"] != tag
+        assert changed.json()["total"] == 3
+
+
 class GatedStore(sidestep.MemoryStore):
     """A memory store whose snapshot, once armed, says it began and waits for the test."""
 
@@ -620,7 +706,7 @@ def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken
     (answer,) = answers
     assert answer.status_code == 200
     if path == "/sidestep/suspensions":
-        assert len(answer.json()["suspensions"]) == 10_000
+        assert answer.json()["total"] == 10_000 and len(answer.json()["suspensions"]) == 10_000
     elif path == "/sidestep/":
         assert answer.text.count('<tr class="open"') == 10_000
     else:

@@ -4,7 +4,7 @@
 and peer, and yields the store operations it needs (`ListRows`, `ClearRow`)
 to the shell that performs them, sync (WSGI) or async (ASGI), then returns
 the `Answer`; `advance` takes it one step, so a shell may run the step after
-a listing (filtering, the rows' JSON or the page's HTML) off its event loop.
+a listing (filtering, a page of rows, its JSON or HTML) off its event loop.
 Clearing names who asked: the audit event's ``who``.
 """
 
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import hashlib
 import hmac
 import html
 import json
+import math
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,9 +28,22 @@ from urllib.parse import parse_qsl
 from ._listing import Listed, as_json, passes
 from ._store import ScopeStatus
 
-__all__ = ["Answer", "ClearRow", "ListRows", "Origins", "Token", "advance", "handle", "tokens_of"]
+__all__ = [
+    "MAX_PAGE",
+    "Answer",
+    "ClearRow",
+    "ListRows",
+    "Origins",
+    "Token",
+    "advance",
+    "handle",
+    "tokens_of",
+]
 
 _FILTERS = ("route", "target", "reason")
+MAX_PAGE = 10_000
+"""The most rows one answer holds, and how many it holds unless ``?limit=`` says fewer:
+the memory store's default bound, so a listing that held every row still does."""
 _SLICE = 16
 """Rows handled between two chances for the process's other threads to run (about a
 millisecond of work): with a listing of thousands built in a worker thread, an event
@@ -141,8 +156,13 @@ def handle(
     base: str,
     tokens: tuple[Token, ...],
     origins: Origins = Origins(),
+    if_none_match: str | None = None,
 ) -> _Steps:
-    """Answer one request; `path` is below the app's mount point, `base` that mount point."""
+    """Answer one request; `path` is below the app's mount point, `base` that mount point.
+
+    `if_none_match` is the request's ``If-None-Match``: a listing whose rows say what
+    they said under that tag answers 304, with no body.
+    """
     who = _ANONYMOUS if not tokens else _authorise(authorization, tokens)
     if who is None:
         return _unauthorised(path)
@@ -163,12 +183,17 @@ def handle(
     if path == "/suspensions":
         if method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
-        filters = {k: v for k, v in parse_qsl(query) if k in _FILTERS}
+        params = dict(parse_qsl(query))
+        filters = {k: v for k, v in params.items() if k in _FILTERS}
+        limit = _limit(params.get("limit"))
+        if limit is None:
+            return _json(400, {"error": "invalid_limit"})
         listed = yield ListRows()
         if listed is None:
             return _unavailable()
         rows, routes, now = listed
-        return _listing(rows, routes, now, filters)
+        page = _Page(filters, limit, params.get("after", ""), if_none_match)
+        return _listing(rows, routes, now, page)
     if path.startswith("/suspensions/") and "/" not in path[len("/suspensions/") :]:
         if method != "DELETE":
             return _not_allowed("DELETE")
@@ -187,23 +212,88 @@ def handle(
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def _listing(
-    listed: Listed, routes: dict[str, list[str]], now: float, filters: Mapping[str, str]
-) -> Answer:
-    """The rows that pass `filters`, each built just before it is encoded."""
+def _limit(given: str | None) -> int | None:
+    """The rows a page holds: ``?limit=`` (at most `MAX_PAGE`), else `MAX_PAGE`; None if invalid."""
+    if given is None:
+        return MAX_PAGE
+    if not given.isascii() or not given.isdigit() or int(given) < 1:
+        return None
+    return min(int(given), MAX_PAGE)
+
+
+def _scope_id(status: ScopeStatus) -> str:
+    return status.scope_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """What a request asks of a listing: its filters, at most `limit` rows from just past
+    `after`, and (`known`, from ``If-None-Match``) the tags of the answers it holds."""
+
+    filters: Mapping[str, str]
+    limit: int
+    after: str
+    known: str | None
+
+
+def _listing(listed: Listed, routes: dict[str, list[str]], now: float, asked: _Page) -> Answer:
+    """One page of the rows that pass the filters, in ``scope_id`` order, from just past
+    ``after``; 304 when they say what the page the client holds said.
+
+    ``total`` counts every row that passes; ``next`` is the ``after`` of the next
+    page (None on the last), so pages join into the whole list even while scopes
+    come and go between them.
+    """
     statuses = listed.statuses
-    if filters:
-        statuses = [s for s in statuses if passes(listed.pairs(s), s.reason, filters)]
+    if asked.filters:
+        statuses = [s for s in statuses if passes(listed.pairs(s), s.reason, asked.filters)]
+    kept = sorted(statuses, key=_scope_id)
+    start = bisect.bisect_right(kept, asked.after, key=_scope_id) if asked.after else 0
+    page = kept[start : start + asked.limit]
+    more = start + asked.limit < len(kept)
+    head = {"routes": routes, "total": len(kept), "next": page[-1].scope_id if more else None}
+    tag = _tag(listed, head, page)
+    if _held(asked.known, tag):
+        return Answer(304, [("etag", tag), ("cache-control", "no-store")], b"")
     wall = time.time()
     slices = []
-    for i in range(0, len(statuses), _SLICE):
+    for i in range(0, len(page), _SLICE):
         # each row built just before it is encoded, and let go of once it is: thousands
         # held at once would set off the collector's full passes, which hold every thread
-        rows = [as_json(listed.row(s), now, wall) for s in statuses[i : i + _SLICE]]
+        rows = [as_json(listed.row(s), now, wall) for s in page[i : i + _SLICE]]
         slices.append(json.dumps(rows)[1:-1])
         _let_others_run()
-    body = f'{json.dumps({"routes": routes})[:-1]}, "suspensions": [{", ".join(slices)}]}}'
-    return Answer(200, [*_API_HEADERS, ("content-length", str(len(body)))], body.encode())
+    body = f'{json.dumps(head)[:-1]}, "suspensions": [{", ".join(slices)}]}}'.encode()
+    headers = [*_API_HEADERS, ("etag", tag), ("content-length", str(len(body)))]
+    return Answer(200, headers, body)
+
+
+def _tag(listed: Listed, head: dict[str, Any], page: list[ScopeStatus]) -> str:
+    """A weak entity tag of what the page says, to the second: the same rows, in the same
+    states, for the same reasons, with the same counts and windows, give the same tag
+    (``retry_in`` and ``opened_at`` are read off a moving clock; the window is not)."""
+    digest = hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12)
+    for i in range(0, len(page), _SLICE * 4):
+        said = [
+            f"{s.scope_id} {listed.pairs(s)} {s.state.value} {s.reason} {s.failures}"
+            f" {_second(s.retry_at)} {_second(s.opened_at)}\n"
+            for s in page[i : i + _SLICE * 4]
+        ]
+        digest.update("".join(said).encode())
+        _let_others_run()
+    return f'W/"{digest.hexdigest()}"'
+
+
+def _second(moment: float | None) -> str:
+    return "-" if moment is None or math.isinf(moment) else str(round(moment))
+
+
+def _held(known: str | None, tag: str) -> bool:
+    """Whether ``If-None-Match`` names `tag` (compared weakly, as that header is) or ``*``."""
+    if known is None:
+        return False
+    opaque = tag.removeprefix("W/")
+    return any(t.strip() in ("*", opaque, tag) for t in known.split(","))
 
 
 def _let_others_run() -> None:

@@ -6,8 +6,11 @@ and Flask. Both answer:
 
 - ``GET /`` — the status page: routes, their targets, each scope's state,
   reason and a live countdown, a *Clear* button per row;
-- ``GET /suspensions`` — ``{"routes": ..., "suspensions": [rows]}``, filtered
-  by ``?route=``, ``?target=``, ``?reason=``;
+- ``GET /suspensions`` — ``{"routes": ..., "total": n, "next": ..., "suspensions":
+  [rows]}``, filtered by ``?route=``, ``?target=``, ``?reason=``, in ``scope_id``
+  order, ``?limit=`` rows (at most and by default 10,000) from just past
+  ``?after=`` (the ``next`` of the page before); a weak ``ETag``, and 304 to an
+  ``If-None-Match`` whose rows say the same;
 - ``DELETE /suspensions/{scope_id}`` — clears it, answers its row as it was
   (404 for an unknown id), and emits ``suspension.cleared``.
 
@@ -103,6 +106,7 @@ def app(
                 request.headers.get("sec-fetch-site"),
                 request.headers.get("host"),
             ),
+            request.headers.get("if-none-match"),
         )
         effect = advance(steps, None)
         while not isinstance(effect, Answer):
@@ -162,6 +166,7 @@ def wsgi_app(
                 environ.get("HTTP_SEC_FETCH_SITE"),
                 environ.get("HTTP_HOST"),
             ),
+            environ.get("HTTP_IF_NONE_MATCH"),
         )
         effect = advance(steps, None)
         while not isinstance(effect, Answer):
@@ -181,6 +186,8 @@ def wsgi_app(
 
 _REASONS = {
     200: "OK",
+    304: "Not Modified",
+    400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
