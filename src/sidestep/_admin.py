@@ -410,22 +410,50 @@ _PAGE_HEADERS = [
 ]
 
 
+_PER_TARGET = 20
+"""Scopes the page's HTML lists under one target; a line counts the rest."""
+_ORIGINS = 100
+"""Unrouted origins the page's HTML lists; a line counts the rest."""
+
+
 def _page(
     listed: Listed, routes: dict[str, list[str]], now: float, base: str, who: Token
 ) -> Answer:
+    statuses = sorted(listed.statuses, key=_scope_id)  # the API's order, which the script keeps
     body = (
         _PAGE.replace("{{base}}", html.escape(base.rstrip("/") + "/"))
         .replace("{{may_clear}}", "true" if who.may_clear else "false")
-        .replace("{{rows}}", _table(listed, routes, now))
+        .replace("{{summary}}", html.escape(_summary(statuses)))
+        .replace("{{rows}}", _table(listed, statuses, routes, now))
     ).encode()
     return Answer(200, [*_PAGE_HEADERS, ("content-length", str(len(body)))], body)
 
 
-def _table(listed: Listed, routes: Mapping[str, list[str]], now: float) -> str:
-    """The table as the page first shows it (and as it stays with scripts off)."""
+def _summary(statuses: list[ScopeStatus]) -> str:
+    """What the page says above its table; its script says it alike."""
+    if not statuses:
+        return "Every target is healthy."
+    states = {"open": 0, "half_open": 0, "closed": 0}
+    for status in statuses:
+        states[status.state.value] = states.get(status.state.value, 0) + 1
+    counts = ", ".join(f"{n:,} {state.replace('_', '-')}" for state, n in states.items() if n)
+    n = len(statuses)
+    return f"{n:,} {'scope is' if n == 1 else 'scopes are'} not healthy: {counts}."
+
+
+def _table(
+    listed: Listed, statuses: list[ScopeStatus], routes: Mapping[str, list[str]], now: float
+) -> str:
+    """The table as the page first shows it (and as it stays with scripts off).
+
+    Every route's targets are listed, but not every scope: a target lists its
+    first `_PER_TARGET` scopes and counts the rest, and the unrouted origins
+    their first `_ORIGINS`, so that the page stays small with thousands of
+    scopes. With scripts on, the page then shows them all.
+    """
     wall = time.time()
     by_target: dict[tuple[str | None, str], list[ScopeStatus]] = {}
-    for status in listed.statuses:
+    for status in statuses:
         for pair in listed.pairs(status):
             by_target.setdefault(pair, []).append(status)
     groups: list[tuple[str | None, list[str]]] = [(name, names) for name, names in routes.items()]
@@ -436,15 +464,32 @@ def _table(listed: Listed, routes: Mapping[str, list[str]], now: float) -> str:
     for route, targets in groups:
         title = html.escape(route) if route is not None else "unrouted origins"
         lines.append(f'<tbody><tr class="route"><th colspan="7">{title}</th></tr>')
-        for target in targets:
+        shown = targets if route is not None else targets[:_ORIGINS]
+        for target in shown:
             found = by_target.get((route, target), [])
             if not found:
                 lines.append(_tr(target, None))
-            for index, status in enumerate(found):
+            for index, status in enumerate(found[:_PER_TARGET]):
                 cells = as_json(listed.row(status), now, wall)
                 lines.append(_tr(target if index == 0 else "", cells))
+            if len(found) > _PER_TARGET:
+                lines.append(_more(len(found) - _PER_TARGET))
+        if len(shown) < len(targets):
+            rest = sum(len(by_target[(None, t)]) for t in targets[len(shown) :])
+            lines.append(_more(rest, len(targets) - len(shown)))
         lines.append("</tbody>")
     return "\n".join(lines)
+
+
+def _more(scopes: int, origins: int = 0) -> str:
+    """A line counting what the HTML leaves out: more scopes, of `origins` more origins."""
+    said = f"{scopes:,} more scope{'' if scopes == 1 else 's'}"
+    if origins:
+        said = f"{origins:,} more origin{'' if origins == 1 else 's'} ({said})"
+    return (
+        f'<tr class="more"><td colspan="7">{said}, listed with scripts on,'
+        " by <code>GET suspensions</code> and by <code>sidestep suspensions</code></td></tr>"
+    )
 
 
 def _tr(target: str, row: dict[str, Any] | None) -> str:
