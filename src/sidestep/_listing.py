@@ -97,7 +97,7 @@ class Listed:
     they walk the heap.
     """
 
-    __slots__ = ("_owners", "fingerprint", "router", "statuses")
+    __slots__ = ("_alike", "_owners", "fingerprint", "router", "statuses")
 
     def __init__(
         self, statuses: list[ScopeStatus], router: Router, fingerprint: Fingerprinter
@@ -105,17 +105,21 @@ class Listed:
         self.statuses = statuses
         self.router = router
         self.fingerprint = fingerprint
-        # The owners of a scope follow from its origin, kind and credential alone: with
-        # thousands of tenants' keys on a few origins, each is worked out once.
-        self._owners: dict[tuple[str, str, str], tuple[tuple[str, str], ...]] = {}
+        # The owners of a scope follow from its origin, kind and credential alone: the
+        # scopes of many models on one origin are worked out once. Kept by a string (which
+        # the collector never walks), each answer once, so thousands of scopes that share
+        # nothing leave the collector nothing new to walk.
+        self._owners: dict[str, tuple[tuple[str, str], ...]] = {}
+        self._alike: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
     def targets(self, status: ScopeStatus) -> tuple[tuple[str, str], ...]:
         """Every (route, target) whose scope it is; none for an origin no route names."""
         scope = status.scope
-        shape = (scope.origin, scope.kind.value, scope.credential)
+        shape = f"{scope.origin} {scope.kind.value} {scope.credential}"
         found = self._owners.get(shape)
         if found is None:
-            found = self._owners[shape] = self.router.owners(scope, self.fingerprint)
+            found = self.router.owners(scope, self.fingerprint)
+            found = self._owners[shape] = self._alike.setdefault(found, found)
         return found
 
     def pairs(self, status: ScopeStatus) -> tuple[tuple[str | None, str], ...]:
