@@ -37,6 +37,7 @@ SCENARIOS = (
     "scale",
     "redis_store",
     "sqlite_store",
+    "admin_listing",
 )
 Row = dict[str, Any]
 
