@@ -38,6 +38,7 @@ SCENARIOS = (
     "redis_store",
     "sqlite_store",
     "first_token",
+    "admin_listing",
 )
 Row = dict[str, Any]
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -20,10 +22,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
+import sidestep._admin
 import sidestep.admin
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
-from sidestep._config import SidestepConfigWarning
+from sidestep._classify import RATE_LIMITED, Kind, Verdict
+from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
+from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep.logging import add_observer, remove_observer
 from upstream import Respond, Upstream
 
@@ -264,6 +269,8 @@ def test_the_app_refuses_to_be_built_without_a_token(a: Upstream, b: Upstream) -
     with serve_asgi(open_app, lifespan="off") as url:
         assert httpx.get(f"{url}/suspensions").json() == {
             "routes": {"chat": ["primary", "backup"]},
+            "total": 0,
+            "next": None,
             "suspensions": [],
         }
 
@@ -505,3 +512,219 @@ def test_mounted_under_a_permissive_cors_policy_a_cross_origin_clear_is_refused(
         )
         assert sent.status_code == 403
     assert [row.scope_id for row in setup.transport.suspensions()] == [scope_id]
+
+
+LIMITED = Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.ORIGIN, True, retry_after=3600, status=429)
+
+
+def suspend_origins(store: Any, count: int, first: int = 0) -> list[str]:
+    """Suspend `count` unrouted origins in `store` as a 429 from each would; their origins."""
+    policy = BreakerPolicy(cooldown=3600, max_cooldown=3600)
+    origins = [f"https://o{i:05d}.example:443" for i in range(first, first + count)]
+    for origin in origins:
+        facts = ScopeFacts(origin, headers={}, body=None, fingerprint=store.fingerprint)
+        admission = store.admit(facts, policy, time.monotonic())
+        assert admission.ticket is not None
+        store.record(admission.ticket, LIMITED, policy, Suspensions(), time.monotonic())
+    return origins
+
+
+def store_of(setup: Setup) -> Any:
+    return setup.store if setup.store is not None else setup.transport.store
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_pages_of_rows_join_into_the_whole_listing(setup: Setup, kind: str) -> None:
+    """?limit= pages the rows in scope_id order, each answer saying the total and the next page's ?after=; the pages join into the whole list, with no row twice, even when a row of a later page is cleared between pages; filters page alike."""
+    setup.fail_primary()
+    suspend_origins(store_of(setup), 24)
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+        whole = admin.get("/suspensions").json()
+        assert whole["total"] == 25 and whole["next"] is None
+        ids = [row["scope_id"] for row in whole["suspensions"]]
+        assert ids == sorted(ids) and len(set(ids)) == 25
+
+        seen, after, totals = [], None, set()
+        while True:
+            page = admin.get("/suspensions", params={"limit": 10, "after": after or ""}).json()
+            totals.add(page["total"])
+            seen += [row["scope_id"] for row in page["suspensions"]]
+            assert len(page["suspensions"]) <= 10
+            if page["next"] is None:
+                break
+            assert page["next"] == page["suspensions"][-1]["scope_id"]
+            after = page["next"]
+        assert seen == ids and totals == {25}
+
+        first = admin.get("/suspensions", params={"limit": 10}).json()
+        assert admin.delete(f"/suspensions/{ids[12]}").status_code == 200
+        rest = []
+        after = first["next"]
+        while after is not None:
+            page = admin.get("/suspensions", params={"limit": 10, "after": after}).json()
+            rest += [row["scope_id"] for row in page["suspensions"]]
+            after = page["next"]
+        assert [r["scope_id"] for r in first["suspensions"]] + rest == ids[:12] + ids[13:]
+
+        limited = admin.get("/suspensions", params={"reason": "rate_limited", "limit": 5}).json()
+        assert limited["total"] == 23 and len(limited["suspensions"]) == 5
+        assert {row["reason"] for row in limited["suspensions"]} == {"rate_limited"}
+        chat = admin.get("/suspensions", params={"route": "chat", "limit": 5}).json()
+        assert chat["total"] == 1 and chat["next"] is None
+        assert [row["target"] for row in chat["suspensions"]] == ["primary"]
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_limit_that_is_not_a_positive_whole_number_is_refused(setup: Setup, kind: str) -> None:
+    """?limit= of 0, a negative, a fraction, a word or a non-ASCII digit is a 400 invalid_limit; a limit past 10,000 is taken as 10,000; an ?after= past the last row is an empty last page that still counts every row."""
+    setup.fail_primary()
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(READER)) as admin:
+        for limit in ("0", "-1", "1.5", "ten", "\u0663", "1e3"):
+            refused = admin.get("/suspensions", params={"limit": limit})
+            assert refused.status_code == 400, limit
+            assert refused.json() == {"error": "invalid_limit"}
+        assert admin.get("/suspensions", params={"limit": "99999999999"}).json()["total"] == 1
+        past = admin.get("/suspensions", params={"after": "z"}).json()
+        assert past["suspensions"] == [] and past["total"] == 1 and past["next"] is None
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_listing_that_says_nothing_new_is_a_304(setup: Setup, kind: str) -> None:
+    """Each listing carries a weak ETag; asked again with it in If-None-Match (or with *), nothing having changed, the answer is a 304 with no body; once a scope is cleared, a 200 with the new rows and a new tag."""
+    setup.fail_primary()
+    suspend_origins(store_of(setup), 3)
+    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+        first = admin.get("/suspensions")
+        tag = first.headers["etag"]
+        assert tag.startswith('W/"')
+        again = admin.get("/suspensions", headers={"if-none-match": tag})
+        assert again.status_code == 304 and again.content == b""
+        assert again.headers["etag"] == tag
+        assert admin.get("/suspensions", headers={"if-none-match": "*"}).status_code == 304
+        strong = tag.removeprefix("W/")
+        listed = admin.get("/suspensions", headers={"if-none-match": f'"other", {strong}'})
+        assert listed.status_code == 304
+        other_page = admin.get("/suspensions?limit=2", headers={"if-none-match": tag})
+        assert other_page.status_code == 200
+        scope_id = first.json()["suspensions"][0]["scope_id"]
+        assert admin.delete(f"/suspensions/{scope_id}").status_code == 200
+        changed = admin.get("/suspensions", headers={"if-none-match": tag})
+        assert changed.status_code == 200 and changed.headers["etag"] != tag
+        assert changed.json()["total"] == 3
+
+
+def test_the_pages_html_stays_small_with_thousands_of_scopes(a: Upstream, b: Upstream) -> None:
+    """With 2,000 unrouted origins suspended, the page's HTML says how many scopes are not healthy, lists every route's targets and the first 100 origins, and counts the rest on one line; with nothing suspended it says every target is healthy."""
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    with serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off") as url:
+        healthy = httpx.get(f"{url}/", headers=bearer(TOKEN)).text
+        assert '<p id="summary">Every target is healthy.</p>' in healthy
+        origins = suspend_origins(transport.store, 2_000)
+        page = httpx.get(f"{url}/", headers=bearer(TOKEN)).text
+    assert '<p id="summary">2,000 scopes are not healthy: 2,000 open.</p>' in page
+    assert '<tr class="healthy"><td>primary</td>' in page
+    assert '<tr class="healthy"><td>backup</td>' in page
+    assert page.count('<tr class="open"') == 100
+    assert f"<td>{origins[99]}</td>" in page and f"<td>{origins[100]}</td>" not in page
+    assert "1,900 more origins (1,900 more scopes), listed with scripts on" in page
+
+
+class GatedStore(sidestep.MemoryStore):
+    """A memory store whose snapshot, once armed, says it began and waits for the test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = False
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def snapshot(self, now: float) -> list[Any]:
+        if self.armed:
+            self.entered.set()
+            if not self.gate.wait(60):
+                raise RuntimeError("the test never opened the gate")
+        return super().snapshot(now)
+
+
+@pytest.mark.parametrize(
+    ("held", "request_line"),
+    [
+        ("the snapshot", "GET /sidestep/suspensions"),
+        ("the report of what was listed", "GET /sidestep/suspensions"),
+        ("the encoding of its rows", "GET /sidestep/suspensions"),
+        ("the snapshot", "GET /sidestep/"),
+        ("the encoding of its rows", "GET /sidestep/"),
+        ("the snapshot", "DELETE /sidestep/suspensions/{scope_id}"),
+    ],
+)
+def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken(
+    a: Upstream, b: Upstream, held: str, request_line: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mounted in a FastAPI app over its async transport's memory store of 10,000 suspended scopes, a listing (the API's, the page's, or a clear's) held in the middle of being taken — in the store's snapshot, in reporting what it listed, or in encoding its rows — leaves the app's event loop free: /ping answers three times while the listing is held, and once let go the listing answers in full."""
+    store = GatedStore()
+    transport = sidestep.AsyncFailoverTransport(config_for(a, b), store=store)
+    origins = suspend_origins(store, 10_000)
+    scope_id = next(row.scope_id for row in transport.suspensions() if row.target == origins[0])
+    api = fastapi.FastAPI()
+
+    @api.get("/ping")
+    async def ping() -> str:
+        return "pong"
+
+    api.mount("/sidestep", sidestep.admin.app(transport, token=TOKEN))
+    entered, gate = store.entered, store.gate
+
+    def observer(event: str, fields: Any) -> None:
+        if event == "suspensions.listed":
+            entered.set()
+            if not gate.wait(60):
+                raise RuntimeError("the test never opened the gate")
+
+    row_of = sidestep._admin.as_json
+
+    def held_row(*args: Any) -> Any:
+        entered.set()
+        if not gate.wait(60):
+            raise RuntimeError("the test never opened the gate")
+        return row_of(*args)
+
+    if held == "the snapshot":
+        store.armed = True
+    elif held == "the encoding of its rows":
+        monkeypatch.setattr("sidestep._admin.as_json", held_row)
+    else:
+        add_observer(observer)
+    method, path = request_line.split(" ")
+    answers: list[httpx.Response] = []
+    try:
+        with serve_asgi(api, lifespan="off") as url:
+            listing = threading.Thread(
+                target=lambda: answers.append(
+                    httpx.request(
+                        method,
+                        url + path.format(scope_id=scope_id),
+                        headers=bearer(TOKEN),
+                        timeout=60,
+                    )
+                )
+            )
+            listing.start()
+            try:
+                assert entered.wait(30), "the listing never began"
+                for _ in range(3):
+                    assert httpx.get(f"{url}/ping", timeout=10).json() == "pong"
+                assert listing.is_alive() and not answers  # still held at the gate
+            finally:
+                gate.set()
+                listing.join(60)
+    finally:
+        remove_observer(observer)
+    (answer,) = answers
+    assert answer.status_code == 200
+    if path == "/sidestep/suspensions":
+        assert answer.json()["total"] == 10_000 and len(answer.json()["suspensions"]) == 10_000
+    elif path == "/sidestep/":
+        assert "10,000 scopes are not healthy: 10,000 open." in answer.text
+    else:
+        assert answer.json()["target"] == origins[0]
+        assert len(transport.suspensions()) == 9_999

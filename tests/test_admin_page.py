@@ -26,7 +26,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 import sidestep
 import sidestep.admin
 from servers import serve_asgi
-from test_admin import TOKEN, config_for
+from test_admin import TOKEN, config_for, suspend_origins
 from upstream import Respond, Upstream
 
 CHROMIUM = "/usr/bin/chromium"
@@ -219,3 +219,72 @@ def test_a_page_of_another_origin_cannot_clear_with_the_operators_cached_credent
             assert transport.suspensions() == []
     finally:
         driver.quit()
+
+
+def _class_of(driver: webdriver.Chrome, target: str) -> str:
+    """The class of `target`'s first row drawn on the page, "" when none is drawn."""
+    return str(
+        driver.execute_script(
+            "var rows = document.querySelectorAll('tbody tr');"
+            "for (var i = 0; i < rows.length; i++) {"
+            "  var cell = rows[i].querySelector('td');"
+            "  if (cell && cell.textContent === arguments[0]) { return rows[i].className; }"
+            "}"
+            "return '';",
+            target,
+        )
+    )
+
+
+def _summary(driver: webdriver.Chrome) -> str:
+    return str(driver.find_element(By.ID, "summary").text)
+
+
+def test_the_page_over_2000_origins_counts_them_draws_what_is_in_view_and_still_clears(
+    browser: webdriver.Chrome, a: Upstream, b: Upstream
+) -> None:
+    """Over 2,000 suspended unrouted origins and a primary that real traffic suspended, Chromium says 2,001 scopes are not healthy, keeps only the rows in view (and a few around them) in its table, draws the last origin once scrolled to the end, and its Clear still closes the primary: the count drops to 2,000, the primary shows healthy, and the next request reaches it."""
+    a.behaviour = lambda seen: Respond(503, b"down")
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    origins = suspend_origins(transport.store, 2_000)
+    with httpx.Client(transport=transport) as client:
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
+        (primary,) = [row for row in transport.suspensions() if row.target == "primary"]
+        with serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off") as url:
+            browser.get(f"{url}/")
+            wait = WebDriverWait(
+                browser,
+                20,
+                poll_frequency=0.05,
+                ignored_exceptions=(StaleElementReferenceException,),
+            )
+            # the HTML says as much (showing the first 100 origins) until the script's first draw
+            wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Updated"))
+            assert _summary(browser) == "2,001 scopes are not healthy: 2,001 open."
+            wait.until(lambda d: _class_of(d, "primary") == "open")
+            assert _class_of(browser, "backup") == "healthy"
+            drawn = browser.find_elements(By.CSS_SELECTOR, "tbody tr")
+            assert 10 < len(drawn) < 100
+            assert _class_of(browser, origins[-1]) == ""  # far below: not drawn
+
+            browser.execute_script("window.scrollTo(0, document.body.scrollHeight)")
+            wait.until(lambda d: _class_of(d, origins[-1]) == "open")
+            assert _class_of(browser, "primary") == ""  # far above now
+            assert len(browser.find_elements(By.CSS_SELECTOR, "tbody tr")) < 100
+            browser.execute_script("window.scrollTo(0, 0)")
+            wait.until(lambda d: _class_of(d, "primary") == "open")
+
+            a.behaviour = lambda seen: Respond(200, b"a")
+
+            def click_clear(d: webdriver.Chrome) -> bool:
+                selector = f'tr[data-scope="{primary.scope_id}"] button.clear'
+                d.find_element(By.CSS_SELECTOR, selector).click()
+                return True
+
+            wait.until(click_clear)
+            wait.until(lambda d: _summary(d) == "2,000 scopes are not healthy: 2,000 open.")
+            wait.until(lambda d: _class_of(d, "primary") == "healthy")
+        assert len(transport.suspensions()) == 2_000
+        before = a.calls
+        assert client.post(f"{a.url}/v1/chat", json={}).text == "a"
+        assert a.calls == before + 1

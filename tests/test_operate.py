@@ -22,6 +22,7 @@ from servers import serve_asgi, serve_wsgi
 from sidestep._cli import main
 from sidestep._config import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
+from test_admin import suspend_origins
 from upstream import Respond, Upstream, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -212,6 +213,30 @@ def test_a_memory_store_lives_in_the_process_so_the_cli_asks_its_admin_app(
         assert status == 1 and "answered 401" in err
     status, _, err = run(capsys, "suspensions", "--admin-url", url)
     assert status == 2 and "--token-env" in err
+
+
+def test_the_cli_reads_every_page_of_an_admin_apps_listing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more unhealthy scopes than one answer of the admin app holds (10,001), `sidestep suspensions --admin-url` follows each answer's next page and prints every row once, as the table and as --json."""
+    transport = sidestep.FailoverTransport(store=sidestep.MemoryStore(max_scopes=10_050))
+    origins = suspend_origins(transport.store, 10_001)
+    monkeypatch.setenv("ADMIN_TOKEN", "cli-admin-token-0123456789")
+    app = sidestep.admin.app(transport, token="cli-admin-token-0123456789")
+    with serve_asgi(app, lifespan="off") as url:
+        remote = ["--admin-url", url, "--token-env", "ADMIN_TOKEN"]
+        first = httpx.get(
+            f"{url}/suspensions", headers={"authorization": "Bearer cli-admin-token-0123456789"}
+        ).json()
+        assert len(first["suspensions"]) == 10_000 and first["next"] is not None
+        status, out, err = run(capsys, "suspensions", *remote, "--json")
+        assert status == 0, err
+        listed = json.loads(out)
+        assert set(listed) == {"routes", "suspensions"}
+        assert sorted(row["target"] for row in listed["suspensions"]) == origins
+        status, out, err = run(capsys, "suspensions", *remote)
+        assert status == 0, err
+        assert len(out.splitlines()) == 1 + 10_001
 
 
 def test_the_installed_command_runs_the_operations(redis_setup: Redis) -> None:

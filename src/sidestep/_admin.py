@@ -3,17 +3,21 @@
 `handle` takes one request's method, path, query, ``Authorization`` header
 and peer, and yields the store operations it needs (`ListRows`, `ClearRow`)
 to the shell that performs them, sync (WSGI) or async (ASGI), then returns
-the `Answer`. Clearing names who asked: the audit event's ``who``.
+the `Answer`; `advance` takes it one step, so a shell may run the step after
+a listing (filtering, a page of rows, its JSON or HTML) off its event loop.
+Clearing names who asked: the audit event's ``who``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 import hashlib
 import hmac
 import html
 import json
+import math
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,11 +25,29 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ._listing import Suspension, as_json, matches
+from ._listing import Listed, as_json, passes
+from ._store import ScopeStatus
 
-__all__ = ["Answer", "ClearRow", "ListRows", "Origins", "Token", "handle", "tokens_of"]
+__all__ = [
+    "MAX_PAGE",
+    "Answer",
+    "ClearRow",
+    "ListRows",
+    "Origins",
+    "Token",
+    "advance",
+    "handle",
+    "tokens_of",
+]
 
 _FILTERS = ("route", "target", "reason")
+MAX_PAGE = 10_000
+"""The most rows one answer holds, and how many it holds unless ``?limit=`` says fewer:
+the memory store's default bound, so a listing that held every row still does."""
+_SLICE = 16
+"""Rows handled between two chances for the process's other threads to run (about a
+millisecond of work): with a listing of thousands built in a worker thread, an event
+loop in the same process waits no longer than that for the interpreter's lock."""
 _PAGE = Path(__file__).with_name("_admin_page.html").read_text(encoding="utf-8")
 _API_HEADERS = [
     ("content-type", "application/json"),
@@ -82,8 +104,8 @@ def tokens_of(
 
 @dataclass(frozen=True)
 class ListRows:
-    """Effect: the store's rows, the configured routes, and the store's clock reading
-    (None when the store did not answer)."""
+    """Effect: the store's rows (a `Listed`), the configured routes, and the store's clock
+    reading (None when the store did not answer)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +128,15 @@ _Steps = Generator[ListRows | ClearRow, Any, Answer]
 _ANONYMOUS = Token("anonymous", "-")
 
 
+def advance(steps: _Steps, reply: Any) -> ListRows | ClearRow | Answer:
+    """Send `reply` to the steps of `handle`: the next effect to perform, or the answer."""
+    try:
+        return steps.send(reply)
+    except StopIteration as done:
+        answer: Answer = done.value
+        return answer
+
+
 @dataclass(frozen=True, slots=True)
 class Origins:
     """What a request says of where it comes from: its ``Origin``, ``Sec-Fetch-Site`` and
@@ -125,8 +156,13 @@ def handle(
     base: str,
     tokens: tuple[Token, ...],
     origins: Origins = Origins(),
+    if_none_match: str | None = None,
 ) -> _Steps:
-    """Answer one request; `path` is below the app's mount point, `base` that mount point."""
+    """Answer one request; `path` is below the app's mount point, `base` that mount point.
+
+    `if_none_match` is the request's ``If-None-Match``: a listing whose rows say what
+    they said under that tag answers 304, with no body.
+    """
     who = _ANONYMOUS if not tokens else _authorise(authorization, tokens)
     if who is None:
         return _unauthorised(path)
@@ -147,13 +183,17 @@ def handle(
     if path == "/suspensions":
         if method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
-        filters = {k: v for k, v in parse_qsl(query) if k in _FILTERS}
+        params = dict(parse_qsl(query))
+        filters = {k: v for k, v in params.items() if k in _FILTERS}
+        limit = _limit(params.get("limit"))
+        if limit is None:
+            return _json(400, {"error": "invalid_limit"})
         listed = yield ListRows()
         if listed is None:
             return _unavailable()
         rows, routes, now = listed
-        shown = [as_json(row, now, time.time()) for row in rows if matches(row, filters)]
-        return _json(200, {"routes": routes, "suspensions": shown})
+        page = _Page(filters, limit, params.get("after", ""), if_none_match)
+        return _listing(rows, routes, now, page)
     if path.startswith("/suspensions/") and "/" not in path[len("/suspensions/") :]:
         if method != "DELETE":
             return _not_allowed("DELETE")
@@ -170,6 +210,96 @@ def handle(
 
 
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def _limit(given: str | None) -> int | None:
+    """The rows a page holds: ``?limit=`` (at most `MAX_PAGE`), else `MAX_PAGE`; None if invalid."""
+    if given is None:
+        return MAX_PAGE
+    if not given.isascii() or not given.isdigit() or int(given) < 1:
+        return None
+    return min(int(given), MAX_PAGE)
+
+
+def _scope_id(status: ScopeStatus) -> str:
+    return status.scope_id
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    """What a request asks of a listing: its filters, at most `limit` rows from just past
+    `after`, and (`known`, from ``If-None-Match``) the tags of the answers it holds."""
+
+    filters: Mapping[str, str]
+    limit: int
+    after: str
+    known: str | None
+
+
+def _listing(listed: Listed, routes: dict[str, list[str]], now: float, asked: _Page) -> Answer:
+    """One page of the rows that pass the filters, in ``scope_id`` order, from just past
+    ``after``; 304 when they say what the page the client holds said.
+
+    ``total`` counts every row that passes; ``next`` is the ``after`` of the next
+    page (None on the last), so pages join into the whole list even while scopes
+    come and go between them.
+    """
+    statuses = listed.statuses
+    if asked.filters:
+        statuses = [s for s in statuses if passes(listed.pairs(s), s.reason, asked.filters)]
+    kept = sorted(statuses, key=_scope_id)
+    start = bisect.bisect_right(kept, asked.after, key=_scope_id) if asked.after else 0
+    page = kept[start : start + asked.limit]
+    more = start + asked.limit < len(kept)
+    head = {"routes": routes, "total": len(kept), "next": page[-1].scope_id if more else None}
+    tag = _tag(listed, head, page)
+    if _held(asked.known, tag):
+        return Answer(304, [("etag", tag), ("cache-control", "no-store")], b"")
+    wall = time.time()
+    slices = []
+    for i in range(0, len(page), _SLICE):
+        # each row built just before it is encoded, and let go of once it is: thousands
+        # held at once would set off the collector's full passes, which hold every thread
+        rows = [as_json(listed.row(s), now, wall) for s in page[i : i + _SLICE]]
+        slices.append(json.dumps(rows)[1:-1])
+        _let_others_run()
+    body = f'{json.dumps(head)[:-1]}, "suspensions": [{", ".join(slices)}]}}'.encode()
+    headers = [*_API_HEADERS, ("etag", tag), ("content-length", str(len(body)))]
+    return Answer(200, headers, body)
+
+
+def _tag(listed: Listed, head: dict[str, Any], page: list[ScopeStatus]) -> str:
+    """A weak entity tag of what the page says, to the second: the same rows, in the same
+    states, for the same reasons, with the same counts and windows, give the same tag
+    (``retry_in`` and ``opened_at`` are read off a moving clock; the window is not)."""
+    digest = hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12)
+    for i in range(0, len(page), _SLICE * 4):
+        said = [
+            f"{s.scope_id} {listed.pairs(s)} {s.state.value} {s.reason} {s.failures}"
+            f" {_second(s.retry_at)} {_second(s.opened_at)}\n"
+            for s in page[i : i + _SLICE * 4]
+        ]
+        digest.update("".join(said).encode())
+        _let_others_run()
+    return f'W/"{digest.hexdigest()}"'
+
+
+def _second(moment: float | None) -> str:
+    return "-" if moment is None or math.isinf(moment) else str(round(moment))
+
+
+def _held(known: str | None, tag: str) -> bool:
+    """Whether ``If-None-Match`` names `tag` (compared weakly, as that header is) or ``*``."""
+    if known is None:
+        return False
+    opaque = tag.removeprefix("W/")
+    return any(t.strip() in ("*", opaque, tag) for t in known.split(","))
+
+
+def _let_others_run() -> None:
+    # a sleep of nothing hands the interpreter's lock to a thread waiting for it, which
+    # would otherwise wait out the switch interval (5 ms) each time it needs the lock
+    time.sleep(0)
 
 
 def _cross_site(origins: Origins) -> bool:
@@ -280,24 +410,52 @@ _PAGE_HEADERS = [
 ]
 
 
+_PER_TARGET = 20
+"""Scopes the page's HTML lists under one target; a line counts the rest."""
+_ORIGINS = 100
+"""Unrouted origins the page's HTML lists; a line counts the rest."""
+
+
 def _page(
-    rows: list[Suspension], routes: dict[str, list[str]], now: float, base: str, who: Token
+    listed: Listed, routes: dict[str, list[str]], now: float, base: str, who: Token
 ) -> Answer:
+    statuses = sorted(listed.statuses, key=_scope_id)  # the API's order, which the script keeps
     body = (
         _PAGE.replace("{{base}}", html.escape(base.rstrip("/") + "/"))
         .replace("{{may_clear}}", "true" if who.may_clear else "false")
-        .replace("{{rows}}", _table(rows, routes, now))
+        .replace("{{summary}}", html.escape(_summary(statuses)))
+        .replace("{{rows}}", _table(listed, statuses, routes, now))
     ).encode()
     return Answer(200, [*_PAGE_HEADERS, ("content-length", str(len(body)))], body)
 
 
-def _table(rows: list[Suspension], routes: Mapping[str, list[str]], now: float) -> str:
-    """The table as the page first shows it (and as it stays with scripts off)."""
+def _summary(statuses: list[ScopeStatus]) -> str:
+    """What the page says above its table; its script says it alike."""
+    if not statuses:
+        return "Every target is healthy."
+    states = {"open": 0, "half_open": 0, "closed": 0}
+    for status in statuses:
+        states[status.state.value] = states.get(status.state.value, 0) + 1
+    counts = ", ".join(f"{n:,} {state.replace('_', '-')}" for state, n in states.items() if n)
+    n = len(statuses)
+    return f"{n:,} {'scope is' if n == 1 else 'scopes are'} not healthy: {counts}."
+
+
+def _table(
+    listed: Listed, statuses: list[ScopeStatus], routes: Mapping[str, list[str]], now: float
+) -> str:
+    """The table as the page first shows it (and as it stays with scripts off).
+
+    Every route's targets are listed, but not every scope: a target lists its
+    first `_PER_TARGET` scopes and counts the rest, and the unrouted origins
+    their first `_ORIGINS`, so that the page stays small with thousands of
+    scopes. With scripts on, the page then shows them all.
+    """
     wall = time.time()
-    by_target: dict[tuple[str | None, str], list[dict[str, Any]]] = {}
-    for row in rows:
-        for pair in row.targets or ((row.route, row.target),):
-            by_target.setdefault(pair, []).append(as_json(row, now, wall))
+    by_target: dict[tuple[str | None, str], list[ScopeStatus]] = {}
+    for status in statuses:
+        for pair in listed.pairs(status):
+            by_target.setdefault(pair, []).append(status)
     groups: list[tuple[str | None, list[str]]] = [(name, names) for name, names in routes.items()]
     unrouted = sorted({t for (r, t) in by_target if r is None})
     if unrouted:
@@ -306,12 +464,32 @@ def _table(rows: list[Suspension], routes: Mapping[str, list[str]], now: float) 
     for route, targets in groups:
         title = html.escape(route) if route is not None else "unrouted origins"
         lines.append(f'<tbody><tr class="route"><th colspan="7">{title}</th></tr>')
-        for target in targets:
-            found: list[dict[str, Any] | None] = [*by_target.get((route, target), [])]
-            for index, cells in enumerate(found or [None]):
+        shown = targets if route is not None else targets[:_ORIGINS]
+        for target in shown:
+            found = by_target.get((route, target), [])
+            if not found:
+                lines.append(_tr(target, None))
+            for index, status in enumerate(found[:_PER_TARGET]):
+                cells = as_json(listed.row(status), now, wall)
                 lines.append(_tr(target if index == 0 else "", cells))
+            if len(found) > _PER_TARGET:
+                lines.append(_more(len(found) - _PER_TARGET))
+        if len(shown) < len(targets):
+            rest = sum(len(by_target[(None, t)]) for t in targets[len(shown) :])
+            lines.append(_more(rest, len(targets) - len(shown)))
         lines.append("</tbody>")
     return "\n".join(lines)
+
+
+def _more(scopes: int, origins: int = 0) -> str:
+    """A line counting what the HTML leaves out: more scopes, of `origins` more origins."""
+    said = f"{scopes:,} more scope{'' if scopes == 1 else 's'}"
+    if origins:
+        said = f"{origins:,} more origin{'' if origins == 1 else 's'} ({said})"
+    return (
+        f'<tr class="more"><td colspan="7">{said}, listed with scripts on,'
+        " by <code>GET suspensions</code> and by <code>sidestep suspensions</code></td></tr>"
+    )
 
 
 def _tr(target: str, row: dict[str, Any] | None) -> str:

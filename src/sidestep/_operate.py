@@ -193,9 +193,7 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
                 payload = {"cleared": response.json()}
             else:
                 params = {k: v for k in ("route", "target", "reason") if (v := getattr(args, k))}
-                response = client.get(f"{base}/suspensions", params=params)
-                response.raise_for_status()
-                payload = response.json()
+                payload = _every_page(client, f"{base}/suspensions", params)
     except httpx.HTTPStatusError as exc:
         return _fail(name, f"the admin app answered {exc.response.status_code}", _FAILED)
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
@@ -206,6 +204,26 @@ def _remote(args: argparse.Namespace, name: str, out: TextIO) -> int:
     if not _admin_answer(payload):
         return _fail(name, "the URL answered, but not as sidestep's admin app", _FAILED)
     return _show(args, payload, out)
+
+
+def _every_page(client: Any, url: str, params: dict[str, str]) -> Any:
+    """The admin app's listing, every page of it, as ``{"routes": ..., "suspensions": [...]}``.
+
+    Each answer's ``next`` is where the next page starts; an answer with none (or
+    one that would not move on) is the last. An answer that is not the admin app's
+    is handed back as it came, for the caller to refuse.
+    """
+    first = client.get(url, params=params).raise_for_status().json()
+    if not _admin_answer(first):
+        return first
+    rows, after, more = list(first["suspensions"]), "", first
+    while isinstance(more.get("next"), str) and more["next"] > after:
+        after = more["next"]
+        more = client.get(url, params={**params, "after": after}).raise_for_status().json()
+        if not _admin_answer(more):
+            return more
+        rows += more["suspensions"]
+    return {"routes": first.get("routes"), "suspensions": rows}
 
 
 def _in_clear(url: str) -> bool:

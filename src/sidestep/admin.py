@@ -6,8 +6,11 @@ and Flask. Both answer:
 
 - ``GET /`` — the status page: routes, their targets, each scope's state,
   reason and a live countdown, a *Clear* button per row;
-- ``GET /suspensions`` — ``{"routes": ..., "suspensions": [rows]}``, filtered
-  by ``?route=``, ``?target=``, ``?reason=``;
+- ``GET /suspensions`` — ``{"routes": ..., "total": n, "next": ..., "suspensions":
+  [rows]}``, filtered by ``?route=``, ``?target=``, ``?reason=``, in ``scope_id``
+  order, ``?limit=`` rows (at most and by default 10,000) from just past
+  ``?after=`` (the ``next`` of the page before); a weak ``ETag``, and 304 to an
+  ``If-None-Match`` whose rows say the same;
 - ``DELETE /suspensions/{scope_id}`` — clears it, answers its row as it was
   (404 for an unknown id), and emits ``suspension.cleared``.
 
@@ -15,24 +18,27 @@ Every request needs a token: ``Authorization: Bearer <token>`` (or HTTP Basic
 with the token as the password, which a browser sends by itself). The app
 refuses to be built without one unless ``allow_unauthenticated=True``.
 
+The ASGI app never holds its event loop while it lists: the store is read,
+and its rows named, filtered and encoded, in worker threads.
+
 Example:
     >>> api.mount("/sidestep", sidestep.admin.app(transport, token=os.environ["ADMIN_TOKEN"]))
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ._admin import Answer, ListRows, Origins, Token, handle, tokens_of
+import anyio.to_thread
+
+from ._admin import Answer, ListRows, Origins, Token, advance, handle, tokens_of
 from ._config import Config, as_config
 from ._listing import Listing, StoreUnavailable
 from ._routes import Router
 from ._transport import _Shell
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["Token", "app", "wsgi_app"]
 
@@ -100,21 +106,22 @@ def app(
                 request.headers.get("sec-fetch-site"),
                 request.headers.get("host"),
             ),
+            request.headers.get("if-none-match"),
         )
-        reply: Any = None
-        try:
-            while True:
-                effect = steps.send(reply)
-                try:
-                    if isinstance(effect, ListRows):
-                        rows = await view.asuspensions()
-                        reply = (rows, view.routes(), view.clock())
-                    else:
-                        reply = (await view.aclear(effect.scope_id, effect.who), view.clock())
-                except StoreUnavailable:
-                    reply = None
-        except StopIteration as done:
-            answer: Answer = done.value
+        effect = advance(steps, None)
+        while not isinstance(effect, Answer):
+            if isinstance(effect, ListRows):
+                listed: Any = None
+                with contextlib.suppress(StoreUnavailable):
+                    listed = (await view.alisted(), view.routes(), view.clock())
+                # the filtering, the page of rows and its JSON (or the page's HTML) as well
+                effect = await anyio.to_thread.run_sync(advance, steps, listed)
+            else:
+                cleared: Any = None
+                with contextlib.suppress(StoreUnavailable):
+                    cleared = (await view.aclear(effect.scope_id, effect.who), view.clock())
+                effect = advance(steps, cleared)
+        answer = effect
         response = Response(answer.body, answer.status)
         response.raw_headers = [(k.encode(), v.encode()) for k, v in answer.headers]
         return response
@@ -159,20 +166,18 @@ def wsgi_app(
                 environ.get("HTTP_SEC_FETCH_SITE"),
                 environ.get("HTTP_HOST"),
             ),
+            environ.get("HTTP_IF_NONE_MATCH"),
         )
-        reply: Any = None
-        try:
-            while True:
-                effect = steps.send(reply)
-                try:
-                    if isinstance(effect, ListRows):
-                        reply = (view.suspensions(), view.routes(), view.clock())
-                    else:
-                        reply = (view.clear(effect.scope_id, effect.who), view.clock())
-                except StoreUnavailable:
-                    reply = None
-        except StopIteration as done:
-            answer: Answer = done.value
+        effect = advance(steps, None)
+        while not isinstance(effect, Answer):
+            reply: Any = None
+            with contextlib.suppress(StoreUnavailable):
+                if isinstance(effect, ListRows):
+                    reply = (view.listed(), view.routes(), view.clock())
+                else:
+                    reply = (view.clear(effect.scope_id, effect.who), view.clock())
+            effect = advance(steps, reply)
+        answer = effect
         start_response(f"{answer.status} {_REASONS[answer.status]}", answer.headers)
         return [] if environ.get("REQUEST_METHOD") == "HEAD" else [answer.body]
 
@@ -181,6 +186,8 @@ def wsgi_app(
 
 _REASONS = {
     200: "OK",
+    304: "Not Modified",
+    400: "Bad Request",
     401: "Unauthorized",
     403: "Forbidden",
     404: "Not Found",
