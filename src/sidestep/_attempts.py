@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import replace
 from operator import attrgetter, itemgetter
@@ -70,6 +72,22 @@ def _never(*args: Any) -> Any:
     return None  # not through a proxy; no look at an origin without admitting
 
 
+# Per store: the unrouted origins' endpoints that failed since the origin last answered
+# well (see `Verdicts._unrouted`), shared by every core over that store.
+_FAILING: weakref.WeakKeyDictionary[Any, dict[str, set[str]]] = weakref.WeakKeyDictionary()
+_FAILING_LOCK = threading.Lock()
+
+
+def _failing_for(store: Any) -> dict[str, set[str]]:
+    """The failing endpoints' memory of the cores over `store` (a core's own if the store
+    cannot be weakly referenced)."""
+    with _FAILING_LOCK:
+        try:
+            return _FAILING.setdefault(store, {})
+        except TypeError:
+            return {}
+
+
 class Core(Candidacy, Committing, Endings, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
 
@@ -102,6 +120,7 @@ class Core(Candidacy, Committing, Endings, Watching):
         self._exact = exact_deadlines
         self._blocking = self.store.blocking
         self._byte_stream = flavour.ByteStream
+        self._write_timeout: type[BaseException] = flavour.module.WriteTimeout
         self._fingerprint = self.store.fingerprint
         # The store's lock-free look at an origin, for the fast path (`decide`):
         # only a MemoryStore's, since only its admission is known to be that look.
@@ -124,8 +143,9 @@ class Core(Candidacy, Committing, Endings, Watching):
         # through it. The count tells a close from a send the clock cannot order.
         self.closed_at = -math.inf
         self.closes = 0
-        # Unrouted origins: the endpoints that failed since the origin last answered well.
-        self._failing: dict[str, set[str]] = {}
+        # Unrouted origins: the endpoints that failed since the origin last answered well,
+        # one memory for every transport over the same store (every client install() wraps).
+        self._failing: dict[str, set[str]] = _failing_for(self.store)
         # Routes whose all-suspended episode was logged at WARNING already.
         self._quiet: dict[str | None, tuple[Any, ...]] = {}
         self._origins: dict[tuple[str, str, int | None], str] = {}
@@ -511,7 +531,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                 except BaseException:
                     yield Close(response)  # cancelled mid-read: the connection must not leak
                     raise
-            verdict = self._judge(run, request, ticket, status, response.headers, body, routed)
+            verdict = self._judge(run, request, ticket, status, response.headers, body)
             if stalled is not None:
                 # An error body that did not come in time: the verdict is still its
                 # status's (a 429 is a rate limit, a 403 without its explanation a 403),

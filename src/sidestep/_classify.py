@@ -28,6 +28,7 @@ from ._scopes import ScopeKind
 __all__ = [
     "AMBIGUOUS_SAFE_METHODS",
     "BODY_PREFIX_LIMIT",
+    "CALLERS_LIMIT",
     "CLIENT_ERROR",
     "CLOSED_LOCALLY",
     "CONTEXT_OVERFLOW",
@@ -213,6 +214,14 @@ it without asking a replacement classifier: it is a fact, not a judgement of
 the upstream.
 """
 
+CALLERS_LIMIT = Verdict(Kind.NEUTRAL, None, None, failover=False)
+"""The verdict on an unrouted attempt its caller's own write budget ended.
+
+Neither counts nor resets: the caller chose the limit, and a host that stops
+answering shows as a read timeout or a connect failure, which do count. The
+core gives it without asking a replacement classifier.
+"""
+
 
 def needs_body(status: int) -> bool:
     """Whether the body of a response with `status` may change its verdict."""
@@ -276,13 +285,16 @@ def classify(x: Exchange) -> Verdict:
         if status in _RETRY_AFTER_STATUSES
         else None
     )
+    if not x.routed:
+        # Unrouted traffic is the caller's own: every 4xx and 5xx goes back as it
+        # came (its auth flow, token refresh, retries or Retry-After handling stay
+        # in charge; a fast answer failed fast would save the caller nothing).
+        return Verdict(Kind.NEUTRAL, CLIENT_ERROR, None, failover=False, status=status)
     if status == 408 or (500 <= status < 600 and status not in _REQUEST_FAULT_5XX):
         return Verdict(Kind.FAILURE, UNAVAILABLE, ScopeKind.MODEL, True, retry_after, status)
-    if not x.routed or (status in _CHALLENGE_STATUSES and not x.credentialed):
-        # Unrouted traffic is the caller's own: every 4xx goes back as it came
-        # (its auth flow, token refresh or Retry-After handling stays in
-        # charge). A 401/403 to a request without a credential is a challenge,
-        # not a verdict on one.
+    if status in _CHALLENGE_STATUSES and not x.credentialed:
+        # A 401/403 to a request without a credential is a challenge, not a
+        # verdict on one.
         return Verdict(Kind.NEUTRAL, CLIENT_ERROR, None, failover=False, status=status)
     if status == 401:
         return Verdict(Kind.SUSPEND, INVALID_CREDENTIAL, ScopeKind.CREDENTIAL, True, None, status)

@@ -122,9 +122,22 @@ def closed_locally(exc: BaseException) -> bool:
     return False
 
 
+def reaches_network(transport: Any) -> bool:
+    """Whether `transport` is an HTTP transport of httpx or httpx2 (or a subclass): one
+    that sends over the network, unlike a test double, an in-process app or a wrapper."""
+    for cls in type(transport).__mro__:
+        if cls.__name__ in _NETWORK_TRANSPORTS and cls.__module__.partition(".")[0] in _FLAVOURS:
+            return True
+    return False
+
+
 def is_proxy(transport: Any) -> bool:
     """Whether `transport` (an httpx or httpx2 HTTP transport) sends through a proxy."""
     return type(getattr(transport, "_pool", None)).__name__ in _PROXY_POOLS
+
+
+_NETWORK_TRANSPORTS = frozenset({"HTTPTransport", "AsyncHTTPTransport"})
+_FLAVOURS = frozenset({"httpx", "httpx2"})
 
 
 def _multipart_stream(module: ModuleType) -> type[Any]:

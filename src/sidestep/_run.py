@@ -154,6 +154,7 @@ class CoreState:
     _exact: bool
     _blocking: bool
     _byte_stream: Any
+    _write_timeout: type[BaseException]
     _fingerprint: Fingerprinter
     _failing: dict[str, set[str]]
     _quiet: dict[str | None, tuple[Any, ...]]

@@ -32,6 +32,10 @@ _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout
 _NO_ANSWER = "sidestep: no answer within the request's deadline"
 _STALLED = "sidestep: the body stalled for longer than stall_timeout"
 _OUT_OF_TIME = "sidestep: total_timeout ran out while the body was read"
+# The mark on a request a shell is handling, for as long as it is: a shell further in
+# (a transport that forwards to another client's) passes such a request straight on,
+# so no request is counted, retried or failed over twice.
+HANDLED = "sidestep.handled"
 
 
 class _Shell:
@@ -117,8 +121,16 @@ class _SyncShell(_Shell):
         return self._flavour.module.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
-        if not self.active:
+        extensions = request.extensions
+        if not self.active or HANDLED in extensions:
             return self._inner.handle_request(request)
+        extensions[HANDLED] = True
+        try:
+            return self._handle(request)
+        finally:
+            del extensions[HANDLED]
+
+    def _handle(self, request: Any) -> Any:
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
@@ -253,8 +265,16 @@ class _AsyncShell(_Shell):
         return self._flavour.module.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
-        if not self.active:
+        extensions = request.extensions
+        if not self.active or HANDLED in extensions:
             return await self._inner.handle_async_request(request)
+        extensions[HANDLED] = True
+        try:
+            return await self._handle(request)
+        finally:
+            del extensions[HANDLED]
+
+    async def _handle(self, request: Any) -> Any:
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision

@@ -47,6 +47,10 @@ class Verdicts(CoreState):
             return c11n.CLOSED_LOCALLY
         if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
             kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
+        if run.endpoint and kind is ErrorKind.AMBIGUOUS and isinstance(exc, self._write_timeout):
+            # An unrouted caller's own write budget ran out: a limit it chose, not a
+            # host that stopped answering (one that does shows as a read timeout).
+            return c11n.CALLERS_LIMIT
         verdict = self._classify(
             Exchange(
                 method=request.method,
@@ -81,10 +85,15 @@ class Verdicts(CoreState):
         status: int,
         response_headers: Any,
         body: bytes,
-        routed: bool = True,
     ) -> Verdict:
-        """The verdict on an answer of `status` with (the head of) `body`, for `request`."""
-        return self._classify(
+        """The verdict on an answer of `status` with (the head of) `body`, for `request`.
+
+        An unrouted request's answer, whatever its status, goes back as it came and
+        counts for nothing (a replacement classifier's word included): the program
+        reads it, and retries it or not, as it would with no sidestep between.
+        """
+        routed = not run.endpoint
+        verdict = self._classify(
             Exchange(
                 method=request.method,
                 request_headers=request.headers,
@@ -98,6 +107,9 @@ class Verdicts(CoreState):
                 credentialed=bool(ticket.facts.credential),
             )
         )
+        if not routed and verdict.kind is not Kind.SUCCESS:
+            return c11n.Verdict(Kind.NEUTRAL, c11n.CLIENT_ERROR, None, False, status=status)
+        return verdict
 
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
@@ -188,15 +200,21 @@ class Verdicts(CoreState):
             self.store.release(ticket)
 
     def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
-        """Where an unrouted request's result counts: its endpoint first.
+        """Where an unrouted request's failure counts: its endpoint first.
 
-        A failure after the request was sent (a 5xx, a read timeout) is the
-        endpoint's: a caller's short timeout on one slow path must not cut off
-        the paths that answer. It counts toward the origin too when it is the
-        first failure of that endpoint since the origin last answered well,
-        so the origin opens once `failure_threshold` different endpoints fail
-        in a row, and a host silent on one path opens that endpoint: either
-        way within a bounded number of calls. A probe of the origin's own
+        Only failures reach here (an unrouted answer is never one, see `_judge`):
+        a host that could not be reached counts for its origin; one that took the
+        request and then timed out or hung up counts for its *endpoint* (origin,
+        path and read budget), since a caller's short timeout on one slow path
+        must not cut off the paths that answer. Such a failure counts for the
+        origin too only when it is its endpoint's first: the endpoint was healthy
+        when the request was admitted (the store says so, whichever process or
+        client saw the failures before) and has not failed in this process since
+        the origin last answered well. So however often one endpoint fails, the
+        origin opens only once `failure_threshold` different endpoints fail with
+        no good answer between: a host silent on every path is failed fast within
+        a bounded number of calls, one silent on a single path has that path
+        failed fast and the others answering. A probe of the origin's own
         circuit always counts for it: a failed probe reopens the origin.
         """
         if verdict.kind is Kind.SUCCESS:
@@ -208,7 +226,8 @@ class Verdicts(CoreState):
         failing = self._failing.get(origin)
         if failing is None:
             failing = remember(self._failing, origin, set())
-        if endpoint in failing and not any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes):
+        probed = any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes)
+        if not probed and (endpoint in failing or _was_failing(ticket)):
             return replace(verdict, scope=ScopeKind.ENDPOINT)  # counted for the origin already
         if len(failing) <= self.breaker.failure_threshold:
             failing.add(endpoint)
@@ -293,6 +312,14 @@ class Verdicts(CoreState):
             forgotten_at=t.at,
             store=store_id(self.store),
         )
+
+
+def _was_failing(ticket: Ticket) -> bool:
+    """Whether the ticket's endpoint scope was kept (it had failed) when it was admitted."""
+    generations = ticket.generations
+    if not generations:
+        return False  # nothing kept for its origin then: the endpoint was healthy
+    return generations.get(ticket.facts.key(ScopeKind.ENDPOINT), 0) > 0
 
 
 def _skipped(run: Run, target: CompiledTarget, refusal: Refusal, **fields: Any) -> None:
