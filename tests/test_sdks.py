@@ -446,3 +446,22 @@ def test_a_stream_with_no_first_token_in_time_is_answered_by_the_backup(
     http_client = sidestep.wrap(sdk.default_http_client(is_async), config)
     assert_answered_by_backup(sdk, a, b, ask(sdk, is_async, a, http_client, stream=True))
     assert [s.target for s in http_client._transport.suspensions()] == ["primary"]
+
+
+def test_the_sdks_own_retries_run_as_without_sidestep_on_unrouted_traffic(
+    sdk: Sdk, is_async: bool, a: Upstream
+) -> None:
+    """Under install() with no routes, an endpoint answering 500 four times, then its answer, is got through by the SDK's own max_retries=4 (five requests reach it), and a call right after is answered too."""
+    answer = llm("a")
+
+    def recovers(seen: Seen) -> Action:
+        if a.calls <= 4:  # the retry hint keeps the SDK's own waits short
+            return Respond(500, {"error": {"type": "server_error"}}, {"retry-after-ms": "1"})
+        return answer(seen)
+
+    a.behaviour = recovers
+    sidestep.install()
+    assert ask(sdk, is_async, a, max_retries=4) == "hello from a"
+    assert a.calls == 5
+    assert ask(sdk, is_async, a) == "hello from a"
+    assert a.calls == 6
