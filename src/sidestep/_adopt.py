@@ -279,6 +279,7 @@ def _wrap(
         wrapped = shell(config, transport=_Dispatch(transport, main, table), store=store)
         if not explicit:
             _installed_shells.add(wrapped)
+            wrapped._core.only_the_network = True
         return wrapped
 
     client._mounts = {k: None if t is None else over(t) for k, t in mounts.items()}

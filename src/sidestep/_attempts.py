@@ -138,6 +138,9 @@ class Core(Candidacy, Committing, Endings, Watching):
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
+        # Set by install(), which breaks circuits for the network only: an error a test's
+        # mock raised (respx, below the HTTP transport) then counts for nothing.
+        self.only_the_network = False
         # When the shell's transport was last closed, on this clock, and how many times it
         # was: a request in flight then (its latest attempt sent before) sends nothing more
         # through it. The count tells a close from a send the clock cannot order.

@@ -28,11 +28,11 @@ from ._scopes import ScopeKind
 __all__ = [
     "AMBIGUOUS_SAFE_METHODS",
     "BODY_PREFIX_LIMIT",
-    "CALLERS_LIMIT",
     "CLIENT_ERROR",
     "CLOSED_LOCALLY",
     "CONTEXT_OVERFLOW",
     "INVALID_CREDENTIAL",
+    "NOT_COUNTED",
     "QUOTA_EXHAUSTED",
     "RATE_LIMITED",
     "SUSPENSION_REASONS",
@@ -214,11 +214,13 @@ it without asking a replacement classifier: it is a fact, not a judgement of
 the upstream.
 """
 
-CALLERS_LIMIT = Verdict(Kind.NEUTRAL, None, None, failover=False)
-"""The verdict on an unrouted attempt its caller's own write budget ended.
+NOT_COUNTED = Verdict(Kind.NEUTRAL, None, None, failover=False)
+"""The verdict on an attempt whose failure says nothing of the upstream.
 
-Neither counts nor resets: the caller chose the limit, and a host that stops
-answering shows as a read timeout or a connect failure, which do count. The
+An unrouted request's write timeout (the caller chose that budget; a host that
+stops answering shows as a read timeout or a connect failure, which do count),
+or, under install(), an error a test's mock raised in the network's place.
+Neither counts nor resets, and moves on to nothing: raised as it came. The
 core gives it without asking a replacement classifier.
 """
 

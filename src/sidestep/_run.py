@@ -155,6 +155,7 @@ class CoreState:
     _blocking: bool
     _byte_stream: Any
     _write_timeout: type[BaseException]
+    only_the_network: bool
     _fingerprint: Fingerprinter
     _failing: dict[str, set[str]]
     _quiet: dict[str | None, tuple[Any, ...]]

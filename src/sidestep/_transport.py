@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 import anyio
@@ -32,10 +33,11 @@ _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout
 _NO_ANSWER = "sidestep: no answer within the request's deadline"
 _STALLED = "sidestep: the body stalled for longer than stall_timeout"
 _OUT_OF_TIME = "sidestep: total_timeout ran out while the body was read"
-# The mark on a request a shell is handling, for as long as it is: a shell further in
-# (a transport that forwards to another client's) passes such a request straight on,
-# so no request is counted, retried or failed over twice.
-HANDLED = "sidestep.handled"
+# The request a shell is sending in this context (thread or task), with the shell's
+# configuration: a shell further in with the same configuration (a transport that
+# forwards to another client's) passes that very request straight on, so no request is
+# counted, retried or failed over twice. Nothing is written on the request itself.
+_SENDING: ContextVar[tuple[Any, Config] | None] = ContextVar("sidestep_sending", default=None)
 
 
 class _Shell:
@@ -75,6 +77,15 @@ class _Shell:
     def inner(self) -> Any:
         """The transport that does the I/O."""
         return self._inner
+
+    def _sent_further_out(self, request: Any) -> bool:
+        """Whether a shell further out, of the same configuration, is sending this very
+        request in this context: it handles it, this one passes it on."""
+        sending = _SENDING.get()
+        if sending is None or sending[0] is not request:
+            return False
+        config = self._core.config
+        return sending[1] is config or sending[1] == config
 
     def _default_transport(self) -> Any:
         raise NotImplementedError
@@ -121,26 +132,25 @@ class _SyncShell(_Shell):
         return self._flavour.module.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
-        extensions = request.extensions
-        if not self.active or HANDLED in extensions:
+        if not self.active or self._sent_further_out(request):
             return self._inner.handle_request(request)
-        extensions[HANDLED] = True
-        try:
-            return self._handle(request)
-        finally:
-            del extensions[HANDLED]
-
-    def _handle(self, request: Any) -> Any:
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return self._drive(core.handle(request, ready))
         try:  # the fast path: the core decided, this sends, the core settles
-            response = self._inner.handle_request(ready[0])
+            response = self._send(ready[0])
         except BaseException as exc:  # the core decides what every failure means
             return self._drive(core.resume(ready, exc))
         answer = core.settle(ready, response)
         return self._drive(core.resume(ready, response)) if answer is None else answer
+
+    def _send(self, request: Any) -> Any:
+        token = _SENDING.set((request, self._core.config))
+        try:
+            return self._inner.handle_request(request)
+        finally:
+            _SENDING.reset(token)
 
     def close(self) -> None:
         self._closing()
@@ -173,7 +183,7 @@ class _SyncShell(_Shell):
             value, error = None, None
             try:
                 if type(effect) is Send:  # the common effect, inline
-                    value = self._inner.handle_request(effect.request)
+                    value = self._send(effect.request)
                 else:
                     value = self._perform(effect)
             except BaseException as exc:  # the core decides what every failure means
@@ -265,26 +275,25 @@ class _AsyncShell(_Shell):
         return self._flavour.module.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
-        extensions = request.extensions
-        if not self.active or HANDLED in extensions:
+        if not self.active or self._sent_further_out(request):
             return await self._inner.handle_async_request(request)
-        extensions[HANDLED] = True
-        try:
-            return await self._handle(request)
-        finally:
-            del extensions[HANDLED]
-
-    async def _handle(self, request: Any) -> Any:
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return await self._drive(core.handle(request, ready))
         try:  # the fast path: the core decided, this sends, the core settles
-            response = await self._inner.handle_async_request(ready[0])
+            response = await self._send(ready[0])
         except BaseException as exc:  # the core decides; cancellation comes back out
             return await self._drive(core.resume(ready, exc))
         answer = core.settle(ready, response)
         return await self._drive(core.resume(ready, response)) if answer is None else answer
+
+    async def _send(self, request: Any) -> Any:
+        token = _SENDING.set((request, self._core.config))
+        try:
+            return await self._inner.handle_async_request(request)
+        finally:
+            _SENDING.reset(token)
 
     async def aclose(self) -> None:
         self._closing(current_token())
@@ -330,8 +339,8 @@ class _AsyncShell(_Shell):
             value, error = None, None
             try:
                 if type(effect) is Send and effect.deadline is None:
-                    # the common effect, inline: no coroutine, no deadline scope
-                    value = await self._inner.handle_async_request(effect.request)
+                    # the common effect, inline: no deadline scope
+                    value = await self._send(effect.request)
                 else:
                     value = await self._perform(effect)
             except BaseException as exc:  # the core decides; cancellation comes back out
@@ -343,7 +352,7 @@ class _AsyncShell(_Shell):
             # A little grace, so the transport's own typed errors (a connect or pool
             # timeout, shrunk to the same limit) come first and keep their meaning.
             with self._deadline(effect.deadline, effect.request, _TYPED_FIRST):
-                return await self._inner.handle_async_request(effect.request)
+                return await self._send(effect.request)
         if kind is Read:
             return await self._read(effect)
         if kind is Close:

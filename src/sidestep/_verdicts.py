@@ -18,6 +18,7 @@ from ._circuit import State
 from ._classify import ErrorKind, Exchange, Kind, Verdict
 from ._config import FailoverPolicy
 from ._effects import Call
+from ._flavour import raised_by_a_mock
 from ._routes import CompiledTarget
 from ._run import SUCCESS, CoreState, Outcome, Run, remember, skip_status
 from ._scopes import ScopeKind
@@ -39,6 +40,9 @@ class Verdicts(CoreState):
 
     def _classify_error(self, request: Any, exc: BaseException, run: Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
+        if self.only_the_network and raised_by_a_mock(exc):
+            # install() breaks circuits for the network only: a test's mock is not it
+            return c11n.NOT_COUNTED
         if kind is ErrorKind.CLOSED or self._closed_since(run):
             # A fact, not a classifier's opinion: our own side closed the connection
             # under the attempt (the application closed its client, transport or pool),
@@ -50,7 +54,7 @@ class Verdicts(CoreState):
         if run.endpoint and kind is ErrorKind.AMBIGUOUS and isinstance(exc, self._write_timeout):
             # An unrouted caller's own write budget ran out: a limit it chose, not a
             # host that stopped answering (one that does shows as a read timeout).
-            return c11n.CALLERS_LIMIT
+            return c11n.NOT_COUNTED
         verdict = self._classify(
             Exchange(
                 method=request.method,
@@ -88,9 +92,11 @@ class Verdicts(CoreState):
     ) -> Verdict:
         """The verdict on an answer of `status` with (the head of) `body`, for `request`.
 
-        An unrouted request's answer, whatever its status, goes back as it came and
-        counts for nothing (a replacement classifier's word included): the program
-        reads it, and retries it or not, as it would with no sidestep between.
+        An unrouted request's answer, whatever its status, goes back as it came (a
+        replacement classifier's word included): the program reads it, and retries it
+        or not, as it would with no sidestep between. For the breaker it is a success:
+        its host answered, which is all an unrouted circuit is about (a host back from
+        an outage with a 503 or a 404 is no longer suspended).
         """
         routed = not run.endpoint
         verdict = self._classify(
@@ -107,9 +113,7 @@ class Verdicts(CoreState):
                 credentialed=bool(ticket.facts.credential),
             )
         )
-        if not routed and verdict.kind is not Kind.SUCCESS:
-            return c11n.Verdict(Kind.NEUTRAL, c11n.CLIENT_ERROR, None, False, status=status)
-        return verdict
+        return verdict if routed else SUCCESS
 
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
@@ -202,15 +206,15 @@ class Verdicts(CoreState):
     def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
         """Where an unrouted request's failure counts: its endpoint first.
 
-        Only failures reach here (an unrouted answer is never one, see `_judge`):
+        Only failures reach here (an unrouted answer is a success, see `_judge`):
         a host that could not be reached counts for its origin; one that took the
         request and then timed out or hung up counts for its *endpoint* (origin,
         path and read budget), since a caller's short timeout on one slow path
         must not cut off the paths that answer. Such a failure counts for the
-        origin too only when it is its endpoint's first: the endpoint was healthy
-        when the request was admitted (the store says so, whichever process or
-        client saw the failures before) and has not failed in this process since
-        the origin last answered well. So however often one endpoint fails, the
+        origin too only when it is its endpoint's first since the origin last
+        answered well: not in this process (every client over the store shares
+        the memory), nor, as the store saw it at admission, in another (the
+        endpoint and the origin both kept). So however often one endpoint fails, the
         origin opens only once `failure_threshold` different endpoints fail with
         no good answer between: a host silent on every path is failed fast within
         a bounded number of calls, one silent on a single path has that path
@@ -227,7 +231,7 @@ class Verdicts(CoreState):
         if failing is None:
             failing = remember(self._failing, origin, set())
         probed = any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes)
-        if not probed and (endpoint in failing or _was_failing(ticket)):
+        if not probed and (endpoint in failing or _counted_already(ticket)):
             return replace(verdict, scope=ScopeKind.ENDPOINT)  # counted for the origin already
         if len(failing) <= self.breaker.failure_threshold:
             failing.add(endpoint)
@@ -314,12 +318,19 @@ class Verdicts(CoreState):
         )
 
 
-def _was_failing(ticket: Ticket) -> bool:
-    """Whether the ticket's endpoint scope was kept (it had failed) when it was admitted."""
+def _counted_already(ticket: Ticket) -> bool:
+    """Whether, as the store saw it at admission, the endpoint's failures were counted in
+    the origin's present count: both scopes were kept (had failed). An endpoint kept while
+    its origin was not failed before the origin last answered well: its next failure
+    counts for the origin again."""
     generations = ticket.generations
     if not generations:
-        return False  # nothing kept for its origin then: the endpoint was healthy
-    return generations.get(ticket.facts.key(ScopeKind.ENDPOINT), 0) > 0
+        return False  # nothing kept for the origin then
+    facts = ticket.facts
+    return (
+        generations.get(facts.key(ScopeKind.ENDPOINT), 0) > 0
+        and generations.get(facts.key(ScopeKind.MODEL), 0) > 0
+    )
 
 
 def _skipped(run: Run, target: CompiledTarget, refusal: Refusal, **fields: Any) -> None:
