@@ -21,7 +21,7 @@ import sidestep
 from drivers import FakeClock
 from sidestep.wsgi import SuspensionMiddleware
 from suspensions import assert_unavailable, suspension
-from upstream import Respond, Upstream
+from upstream import Reset, Upstream
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -217,18 +217,22 @@ def test_unrouted_multipart_file_upload_is_streamed_not_buffered() -> None:
 
 
 def test_failed_probe_on_a_known_failing_endpoint_reopens_the_origin(a: Upstream) -> None:
-    """A half-open origin's probe that fails reopens the origin, whichever endpoint it went to, so the next call is failed fast."""
-    a.behaviour = lambda seen: Respond(status=500)
+    """A half-open origin's probe that fails (a reset) reopens the origin, whichever endpoint it went to, so the next call is failed fast."""
+    a.behaviour = lambda seen: Reset()
     clock = FakeClock()
     config = {"breaker": {"failure_threshold": 3, "cooldown": 10, "half_open_probes": 1}}
     transport = sidestep.FailoverTransport(config, clock=clock)
     with httpx.Client(transport=transport, timeout=2.0) as client:
         for path in ("/a", "/b", "/c"):  # three different endpoints: the origin opens
-            assert client.get(a.url + path).status_code == 500
+            with pytest.raises(httpx.TransportError) as reset:
+                client.get(a.url + path)
+            assert not isinstance(reset.value, sidestep.AllCandidatesSuspended)
         with pytest.raises(sidestep.AllCandidatesSuspended):
             client.get(a.url + "/d")
         clock.advance(11)  # the window ends: one probe
-        assert client.get(a.url + "/a").status_code == 500
+        with pytest.raises(httpx.TransportError) as reset:
+            client.get(a.url + "/a")
+        assert not isinstance(reset.value, sidestep.AllCandidatesSuspended)
         calls = a.calls
         with pytest.raises(sidestep.AllCandidatesSuspended):
             client.get(a.url + "/b")

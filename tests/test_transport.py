@@ -8,11 +8,23 @@ import threading
 import time
 from typing import Any
 
+import httpx
+import httpx2
 import pytest
 
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver, Result, elapsed, route
-from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream, free_port, wait_for
+from upstream import (
+    Hang,
+    HeadersThenHang,
+    Reset,
+    Respond,
+    Seen,
+    Stream,
+    Upstream,
+    free_port,
+    wait_for,
+)
 
 EVENT_STREAM = {"accept": "text/event-stream"}  # a request that asks for a streamed answer
 
@@ -491,13 +503,15 @@ def test_total_timeout_bounds_the_whole_request(make: MakeDriver, a: Upstream, b
 
 
 def test_unrouted_requests_break_per_host(make: MakeDriver, a: Upstream) -> None:
-    """Without routes every origin has its own circuit, and its own AllCandidatesSuspended."""
-    a.behaviour = unavailable
+    """Without routes every origin has its own circuit, and its own AllCandidatesSuspended: two paths that reset their connections open the host for a third."""
+    a.behaviour = lambda seen: Reset()
     d = make({"breaker": {"failure_threshold": 2}})
-    assert d.get(a.url + "/x").status == 503
-    assert d.get(a.url + "/x").status == 503
+    for path in ("/x", "/y"):
+        with pytest.raises((httpx.TransportError, httpx2.TransportError)) as reset:
+            d.get(a.url + path)
+        assert not isinstance(reset.value, sidestep.AllCandidatesSuspended)
     with pytest.raises(sidestep.AllCandidatesSuspended) as caught:
-        d.get(a.url + "/x")
+        d.get(a.url + "/z")
     assert caught.value.candidates[0].target == f"http://127.0.0.1:{a.port}"
     assert a.calls == 2
 
