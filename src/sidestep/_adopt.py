@@ -273,8 +273,8 @@ def _wrap(
     def over(transport: Any) -> Any:
         if not explicit and not reaches_network(transport):
             # install() breaks circuits for the network only: a test double, an in-process
-            # app or another library's transport is left as it is, never refused for what
-            # a circuit learned of the same URL elsewhere
+            # app, or a transport that cannot be told to reach the network is left as it
+            # is, never refused for what a circuit learned of the same URL elsewhere
             return transport
         wrapped = shell(config, transport=_Dispatch(transport, main, table), store=store)
         if not explicit:

@@ -510,9 +510,8 @@ class Core(Candidacy, Committing, Endings, Watching):
             verdict = SUCCESS
         else:
             body = b""
-            routed = not run.endpoint
             stalled: BaseException | None = None
-            if c11n.needs_body(status) and (routed or self._custom_classifier):
+            if c11n.needs_body(status) and not run.endpoint:  # an unrouted answer is as it is
                 if stall is not None and not self._exact:
                     self._shrink_read(request, stall)  # each socket read of the error body
                 try:

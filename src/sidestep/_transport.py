@@ -78,14 +78,11 @@ class _Shell:
         """The transport that does the I/O."""
         return self._inner
 
-    def _sent_further_out(self, request: Any) -> bool:
-        """Whether a shell further out, of the same configuration, is sending this very
-        request in this context: it handles it, this one passes it on."""
-        sending = _SENDING.get()
-        if sending is None or sending[0] is not request:
-            return False
+    def _sent_further_out(self, request: Any, sending: tuple[Any, Config]) -> bool:
+        """Whether the shell further out sending `sending` (in this context), of the same
+        configuration, is sending this very request: it handles it, this passes it on."""
         config = self._core.config
-        return sending[1] is config or sending[1] == config
+        return sending[0] is request and (sending[1] is config or sending[1] == config)
 
     def _default_transport(self) -> Any:
         raise NotImplementedError
@@ -132,7 +129,8 @@ class _SyncShell(_Shell):
         return self._flavour.module.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
-        if not self.active or self._sent_further_out(request):
+        sending = _SENDING.get()
+        if not self.active or (sending is not None and self._sent_further_out(request, sending)):
             return self._inner.handle_request(request)
         core = self._core
         ready = core.decide(request)
@@ -275,16 +273,21 @@ class _AsyncShell(_Shell):
         return self._flavour.module.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
-        if not self.active or self._sent_further_out(request):
+        sending = _SENDING.get()
+        if not self.active or (sending is not None and self._sent_further_out(request, sending)):
             return await self._inner.handle_async_request(request)
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return await self._drive(core.handle(request, ready))
-        try:  # the fast path: the core decided, this sends, the core settles
-            response = await self._send(ready[0])
+        # the fast path: the core decided, this sends (inline: no coroutine), the core settles
+        token = _SENDING.set((ready[0], core.config))
+        try:
+            response = await self._inner.handle_async_request(ready[0])
         except BaseException as exc:  # the core decides; cancellation comes back out
+            _SENDING.reset(token)
             return await self._drive(core.resume(ready, exc))
+        _SENDING.reset(token)
         answer = core.settle(ready, response)
         return await self._drive(core.resume(ready, response)) if answer is None else answer
 
@@ -339,8 +342,12 @@ class _AsyncShell(_Shell):
             value, error = None, None
             try:
                 if type(effect) is Send and effect.deadline is None:
-                    # the common effect, inline: no deadline scope
-                    value = await self._send(effect.request)
+                    # the common effect, inline: no coroutine, no deadline scope
+                    token = _SENDING.set((effect.request, self._core.config))
+                    try:
+                        value = await self._inner.handle_async_request(effect.request)
+                    finally:
+                        _SENDING.reset(token)
                 else:
                     value = await self._perform(effect)
             except BaseException as exc:  # the core decides; cancellation comes back out
