@@ -661,6 +661,85 @@ def test_keys_expire_after_healing_and_all_live_under_the_prefix(redis_server: R
     store.close()
 
 
+# --- unrouted traffic's scopes: the ones max_scopes forgets first ---------------------------------
+
+CONNECT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True)
+
+
+def unrouted(store: Any, origin: str = ORIGIN, path: str = "/x") -> ScopeFacts:
+    """An unrouted request's facts: its path is its endpoint."""
+    return ScopeFacts(origin, {}, b"", store.fingerprint, path=path)
+
+
+def record(store: Any, f: ScopeFacts, verdict: Verdict, p: BreakerPolicy) -> tuple[Transition, ...]:
+    ticket = store.admit(f, p, 0).ticket
+    assert ticket is not None
+    return store.record(ticket, verdict, p, Suspensions(), 0)
+
+
+def test_unrouted_traffics_set_empties_as_its_scopes_heal_and_expires_with_them(
+    redis_server: RedisServer,
+) -> None:
+    """The set of unrouted traffic's scopes holds a scope until it heals, then is gone; a lone
+    unrouted failure's keys, that set's included, expire after ttl."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/3"  # a database of its own, to list every key
+    store = store_on(url, ttl=0.4)
+    unrouted_set = f"{store._prefix}:u"
+    db3 = redis.Redis.from_url(url, decode_responses=True)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    record(store, unrouted(store), CONNECT_FAIL, p)
+    assert db3.zcard(unrouted_set) == 1
+    record(store, unrouted(store), OK, p)
+    assert len(store) == 0 and not db3.exists(unrouted_set)
+    record(store, unrouted(store), CONNECT_FAIL, p)
+    assert db3.zcard(unrouted_set) == 1
+    wait_for(lambda: not db3.keys("*"), timeout=5)
+    db3.close()
+    store.close()
+
+
+def test_scopes_kept_before_unrouted_traffic_was_told_apart_are_spared_as_routes(
+    redis_server: RedisServer,
+) -> None:
+    """Scopes in no set of unrouted traffic's (written by an earlier version) are spared as a
+    route's: unrouted traffic at max_scopes is not kept, a route's new scope takes a place."""
+    store = store_on(redis_server.url, max_scopes=2)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    a, b, c = (unrouted(store, f"https://{h}.example:443") for h in "abc")
+    record(store, a, CONNECT_FAIL, p)
+    record(store, b, CONNECT_FAIL, p)
+    with redis_server.client() as client:
+        client.delete(f"{store._prefix}:u")
+    assert record(store, c, CONNECT_FAIL, p) == ()
+    assert {s.scope.origin for s in store.snapshot(0)} == {a.origin, b.origin}
+    record(store, facts(store), FAIL, p)
+    assert len(store) == 2
+    assert model_scope(store) in {s.scope for s in store.snapshot(0)}
+    store.close()
+
+
+def test_a_member_of_unrouted_traffics_set_whose_scope_is_gone_is_passed_over(
+    redis_server: RedisServer,
+) -> None:
+    """At max_scopes, a member left in the set of unrouted traffic's scopes with no scope
+    behind it (an earlier version forgot the scope) is dropped, and the next one makes room."""
+    store = store_on(redis_server.url, max_scopes=2)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    a, b, c = (unrouted(store, f"https://{h}.example:443") for h in "abc")
+    record(store, a, CONNECT_FAIL, p)
+    record(store, b, CONNECT_FAIL, p)
+    unrouted_set = f"{store._prefix}:u"
+    with redis_server.client() as client:
+        first, score = client.zrange(unrouted_set, 0, 0, withscores=True)[0]
+        assert first.endswith(a.key(ScopeKind.ORIGIN).scope_id)  # the next to go
+        ghost = origin_hash("https://ghost.example:443") + ":" + "0" * 16
+        client.zadd(unrouted_set, {ghost: score - 1})  # before it
+        record(store, c, CONNECT_FAIL, p)
+        assert client.zscore(unrouted_set, ghost) is None
+    assert {s.scope.origin for s in store.snapshot(0)} == {b.origin, c.origin}
+    store.close()
+
+
 # --- outages ---------------------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import signal
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 from redis_server import fresh_prefix
 from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
+from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
 from sidestep._redis import RedisStore
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
@@ -27,6 +28,7 @@ from upstream import wait_for
 
 ORIGIN = "https://api.example:443"
 FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
+ENDPOINT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ENDPOINT, failover=True)
 PROCESSES = 4
 ATTEMPTS = 1000  # over all processes, at once
 Spec = tuple[str, dict[str, Any]]
@@ -92,6 +94,30 @@ def _hold_probe(spec: Spec, policy: BreakerPolicy, lease: float, out: Any) -> No
     time.sleep(60)
 
 
+def _outside_traffic(spec: Spec, start: Any, out: Any, n: int) -> None:
+    """In a child whose store keeps at most 20 scopes: `n` unrouted failures, each on a path
+    of its own that it opens at once; reports the scope ids the store forgot, and the
+    calls served without the shared store."""
+    spec = (spec[0], {**spec[1], "max_scopes": 20})
+    if spec[0] == "sqlite":
+        spec[1]["timeout"] = 5.0  # four writers at once: waiting is no outage here
+    store = build(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold 1
+        policy = BreakerPolicy(failure_threshold=1, cooldown=600, max_cooldown=600)
+    start.wait()
+    forgot = []
+    for i in range(n):
+        path = f"/{os.getpid()}/{i}"
+        f = ScopeFacts(ORIGIN, {}, b"", store.fingerprint, path=path)
+        ticket = store.admit(f, policy, time.monotonic()).ticket
+        assert ticket is not None
+        changes = store.record(ticket, ENDPOINT_FAIL, policy, Suspensions(), time.monotonic())
+        forgot += [t.scope.scope_id for t in changes if t.forgotten]
+    out.put((forgot, store.fallbacks))
+    store.close()
+
+
 def run(target: Callable[..., None], *args: Any) -> multiprocessing.Process:
     process = CONTEXT.Process(target=target, args=args, daemon=True)
     process.start()
@@ -140,4 +166,38 @@ def test_a_probe_held_by_a_killed_process_is_freed_when_its_lease_ends(spec: Spe
 
     wait_for(probe, timeout=10 + lease)
     assert time.monotonic() - taken >= lease - 0.05
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_routes_suspension_outlasts_unrouted_traffic_of_processes_keeping_fewer_scopes(
+    spec: Spec,
+) -> None:
+    """A scope a routed request opened in this process (max_scopes 10,000) stays open while
+    4 processes whose stores keep 20 scopes each open 250 unrouted endpoints of its origin
+    at once: they forget only one another's, and 20 scopes are kept."""
+    policy = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
+    store = build(spec)
+    for _ in range(policy.failure_threshold):
+        ticket = store.admit(facts(store), policy, time.monotonic()).ticket
+        assert ticket is not None
+        store.record(ticket, FAIL, policy, Suspensions(), time.monotonic())
+    route_scope = facts(store).key(ScopeKind.MODEL)
+    start, out = CONTEXT.Event(), CONTEXT.Queue()
+    processes = [run(_outside_traffic, spec, start, out, 250) for _ in range(PROCESSES)]
+    start.set()
+    try:
+        reports = [out.get(timeout=60) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(10)
+    forgot = [scope_id for ids, _ in reports for scope_id in ids]
+    assert [fallbacks for _, fallbacks in reports] == [0] * PROCESSES
+    # (A failure admitted before another process made room on the origin is stale, and
+    # counts for nothing: how many are forgotten depends on the interleaving.)
+    assert forgot and len(forgot) == len(set(forgot))
+    assert route_scope.scope_id not in forgot
+    refusal = store.admit(facts(store), policy, time.monotonic()).refusal
+    assert refusal is not None and refusal.scope == route_scope
+    assert len(store) == 20
     store.close()
