@@ -83,6 +83,11 @@ class _Dispatch:
     def __repr__(self) -> str:
         return f"_Dispatch({type(self.own).__name__})"
 
+    @property
+    def transports(self) -> list[Any]:
+        """Every transport an attempt may take: the client's main one and its mounts'."""
+        return [self.main, *(t for _, t in self.mounts if t is not None)]
+
     def _for(self, url: Any) -> Any:
         # the same walk as the clients' own `_transport_for_url`
         for pattern, transport in self.mounts:

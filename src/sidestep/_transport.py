@@ -65,6 +65,10 @@ class _Shell:
             via_proxy = _always
         if via_proxy is not None:
             self._core.via_proxy = via_proxy
+        # Whether the inner transport may hand a request on to another client's (whose
+        # shell must then know this one handles it): not when it is httpx's own network,
+        # mock or in-process app transport, which send it nowhere else.
+        self._forwards = not _terminal(self._inner)
         # False turns this transport into a plain pass-through to the inner one
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
@@ -137,7 +141,10 @@ class _SyncShell(_Shell):
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return self._drive(core.handle(request, ready))
         try:  # the fast path: the core decided, this sends, the core settles
-            response = self._send(ready[0])
+            if self._forwards:
+                response = self._send(ready[0])
+            else:
+                response = self._inner.handle_request(ready[0])
         except BaseException as exc:  # the core decides what every failure means
             return self._drive(core.resume(ready, exc))
         answer = core.settle(ready, response)
@@ -181,7 +188,10 @@ class _SyncShell(_Shell):
             value, error = None, None
             try:
                 if type(effect) is Send:  # the common effect, inline
-                    value = self._send(effect.request)
+                    if self._forwards:
+                        value = self._send(effect.request)
+                    else:
+                        value = self._inner.handle_request(effect.request)
                 else:
                     value = self._perform(effect)
             except BaseException as exc:  # the core decides what every failure means
@@ -281,17 +291,21 @@ class _AsyncShell(_Shell):
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return await self._drive(core.handle(request, ready))
         # the fast path: the core decided, this sends (inline: no coroutine), the core settles
-        token = _SENDING.set((ready[0], core.config))
+        token = _SENDING.set((ready[0], core.config)) if self._forwards else None
         try:
             response = await self._inner.handle_async_request(ready[0])
         except BaseException as exc:  # the core decides; cancellation comes back out
-            _SENDING.reset(token)
+            if token is not None:
+                _SENDING.reset(token)
             return await self._drive(core.resume(ready, exc))
-        _SENDING.reset(token)
+        if token is not None:
+            _SENDING.reset(token)
         answer = core.settle(ready, response)
         return await self._drive(core.resume(ready, response)) if answer is None else answer
 
     async def _send(self, request: Any) -> Any:
+        if not self._forwards:
+            return await self._inner.handle_async_request(request)
         token = _SENDING.set((request, self._core.config))
         try:
             return await self._inner.handle_async_request(request)
@@ -343,11 +357,10 @@ class _AsyncShell(_Shell):
             try:
                 if type(effect) is Send and effect.deadline is None:
                     # the common effect, inline: no coroutine, no deadline scope
-                    token = _SENDING.set((effect.request, self._core.config))
-                    try:
+                    if self._forwards:
+                        value = await self._send(effect.request)
+                    else:
                         value = await self._inner.handle_async_request(effect.request)
-                    finally:
-                        _SENDING.reset(token)
                 else:
                     value = await self._perform(effect)
             except BaseException as exc:  # the core decides; cancellation comes back out
@@ -513,6 +526,20 @@ _NO_DEADLINE = _NoDeadline()
 
 def _no_deadline() -> _NoDeadline:
     return _NO_DEADLINE
+
+
+_TERMINAL = frozenset(
+    {"HTTPTransport", "AsyncHTTPTransport", "MockTransport", "ASGITransport", "WSGITransport"}
+)
+
+
+def _terminal(transport: Any) -> bool:
+    """Whether `transport` is exactly one of httpx's or httpx2's own transports (not a
+    subclass, which could do anything), or a wrapped client's dispatch over only those."""
+    cls = type(transport)
+    if isinstance(getattr(cls, "transports", None), property):  # a wrapped client's dispatch
+        return all(_terminal(t) for t in transport.transports)
+    return cls.__name__ in _TERMINAL and cls.__module__.partition(".")[0] in ("httpx", "httpx2")
 
 
 def _always(url: Any) -> bool:
