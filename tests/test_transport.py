@@ -15,6 +15,9 @@ from drivers import Driver, FakeClock, MakeDriver, Result, elapsed, route
 from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream, free_port, wait_for
 
 EVENT_STREAM = {"accept": "text/event-stream"}  # a request that asks for a streamed answer
+# The caller's own timeout where a test holds answers back while other requests run, or
+# tells a limit under test from it: far above either, so that it never decides a test.
+CLIENT_TIMEOUT = 60.0
 
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
@@ -77,7 +80,7 @@ def test_exactly_the_configured_probes_reach_a_recovering_target(
     """200 requests arriving together after the window: exactly half_open_probes reach A."""
     a.behaviour = unavailable
     clock = FakeClock()
-    d = make(pair(a, b, breaker={"half_open_probes": 2}), clock=clock)
+    d = make(pair(a, b, breaker={"half_open_probes": 2}), clock=clock, timeout=CLIENT_TIMEOUT)
     for _ in range(2):
         d.get(a.url + "/v1/x")
     gate = threading.Event()
@@ -400,7 +403,7 @@ def test_sync_transport_under_32_threads_sends_exactly_one_probe(a: Upstream, b:
     """32 threads hammering a recovering target: exactly one probe reaches it."""
     a.behaviour = unavailable
     clock = FakeClock()
-    d = Driver("httpx-sync", pair(a, b), clock=clock)
+    d = Driver("httpx-sync", pair(a, b), clock=clock, timeout=CLIENT_TIMEOUT)
     try:
         d.get(a.url + "/v1/x")
         d.get(a.url + "/v1/x")
@@ -421,16 +424,21 @@ def test_sync_transport_under_32_threads_sends_exactly_one_probe(a: Upstream, b:
 
 
 def test_failover_traffic_leaks_no_connections(make: MakeDriver, a: Upstream, b: Upstream) -> None:
-    """1000 requests failing over keep the sockets to each upstream within the pool's bounds."""
+    """1000 requests failing over, 32 at a time, leave no socket open at A, and at B exactly the client's pool of idle keep-alive connections (at most its 20): none held by a finished request, none open outside the pool."""
     a.behaviour = unavailable
-    d = make(pair(a, b, breaker={"failure_threshold": 100000}))
+    d = make(pair(a, b, breaker={"failure_threshold": 100000}), timeout=CLIENT_TIMEOUT)
     results = d.many(1000, "GET", a.url + "/v1/x", concurrency=32)
     assert all(isinstance(r, Result) and r.text == "b" for r in results)
     assert a.calls == 1000
     # each discarded 503 was closed unread, so its connection was closed, not left open
     wait_for(lambda: a.open_connections == 0)
-    # what stays open at B is the client's pool of idle keep-alive connections, nothing more
-    assert b.open_connections <= 32
+    # what stays at B is the client's pool of idle keep-alive connections...
+    pooled = d.pooled(b.port)
+    assert all(pooled) and len(pooled) <= 20
+    # ...and nothing more: B's server counts exactly those open once it has taken in every
+    # close (the pool closes surplus idle connections all through the run, and B's server
+    # thread may see the last of those closes a while after the client made them)
+    wait_for(lambda: b.open_connections == len(pooled))
 
 
 def test_suspensions_and_clear(make: MakeDriver, a: Upstream, b: Upstream) -> None:
