@@ -12,7 +12,17 @@ import pytest
 
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver, Result, elapsed, route
-from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream, free_port, wait_for
+from upstream import (
+    IN_TIME,
+    Hang,
+    HeadersThenHang,
+    Respond,
+    Seen,
+    Stream,
+    Upstream,
+    free_port,
+    wait_for,
+)
 
 EVENT_STREAM = {"accept": "text/event-stream"}  # a request that asks for a streamed answer
 # The caller's own timeout where a test holds answers back while other requests run, or
@@ -104,7 +114,7 @@ def test_hang_fails_over_only_for_idempotent_requests(
 ) -> None:
     """A accepts and never answers: a GET fails over, a POST without Idempotency-Key gets the timeout."""
     a.behaviour = lambda _: Hang()
-    d = make(pair(a, b, breaker={"failure_threshold": 10}), timeout=0.5)
+    d = make(pair(a, b, breaker={"failure_threshold": 10}), timeout=IN_TIME)
     assert d.get(a.url + "/v1/x").text == "b"
     with pytest.raises(d.http.ReadTimeout):
         d.post(a.url + "/v1/x", json={"q": 1})
@@ -116,14 +126,14 @@ def test_hang_fails_over_only_for_idempotent_requests(
 def test_retry_ambiguous_lets_a_post_fail_over(make: MakeDriver, a: Upstream, b: Upstream) -> None:
     """With failover.retry_ambiguous a hung POST moves on to the next target."""
     a.behaviour = lambda _: Hang()
-    d = make(pair(a, b, failover={"retry_ambiguous": True}), timeout=0.5)
+    d = make(pair(a, b, failover={"retry_ambiguous": True}), timeout=IN_TIME)
     assert d.post(a.url + "/v1/x", json={"q": 1}).text == "b"
 
 
 def test_connect_that_hangs_past_first_byte_timeout_fails_over_a_post(
     make: MakeDriver, b: Upstream
 ) -> None:
-    """A connect that never completes is "nothing sent": even a POST that asks to stream fails over within the first-byte limit."""
+    """A connect that never completes is "nothing sent": even a POST that asks to stream fails over at the first-byte limit, long before the caller's own connect timeout."""
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(0)
@@ -137,12 +147,14 @@ def test_connect_that_hangs_past_first_byte_timeout_fails_over_a_post(
     try:
         dead = f"http://127.0.0.1:{port}"
         d = make(
-            route(("a", dead + "/v1"), ("b", b.url + "/v1"), failover={"first_byte_timeout": 0.4}),
-            timeout=10,
+            route(
+                ("a", dead + "/v1"), ("b", b.url + "/v1"), failover={"first_byte_timeout": IN_TIME}
+            ),
+            timeout=CLIENT_TIMEOUT,
         )
         r, took = elapsed(lambda: d.post(dead + "/v1/x", json={"q": 1, "stream": True}))
         assert r.text == "b"
-        assert took < 2.0
+        assert took < CLIENT_TIMEOUT / 2
     finally:
         for s in (*fillers, hole):
             s.close()
@@ -253,12 +265,12 @@ def test_streamed_answer_from_the_backup_arrives_whole(
 def test_first_byte_timeout_fails_over_a_stalled_stream(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """A sends 200 headers and then nothing to a request that accepts an event stream: with first_byte_timeout 0.5 B answers within about a second."""
+    """A sends 200 headers and then nothing to a request that accepts an event stream: B answers after first_byte_timeout, long before the caller's own timeout."""
     a.behaviour = lambda _: HeadersThenHang()
-    d = make(pair(a, b, failover={"first_byte_timeout": 0.5}), timeout=10)
+    d = make(pair(a, b, failover={"first_byte_timeout": IN_TIME}), timeout=CLIENT_TIMEOUT)
     r, took = elapsed(lambda: d.get(a.url + "/v1/x", headers=EVENT_STREAM))
     assert r.text == "b"
-    assert took < 2.0
+    assert took < CLIENT_TIMEOUT / 2
 
 
 def test_first_chunk_reaches_the_caller_before_the_rest_is_sent(
@@ -487,15 +499,16 @@ def test_max_total_attempts_bounds_the_request(make: MakeDriver, a: Upstream, b:
 
 
 def test_total_timeout_bounds_the_whole_request(make: MakeDriver, a: Upstream, b: Upstream) -> None:
-    """total_timeout caps hanging attempts on every target together."""
+    """total_timeout caps hanging attempts on every target together: far sooner than the caller's own timeout on one of them."""
     a.behaviour = b.behaviour = lambda _: Hang()
-    d = make(pair(a, b, failover={"total_timeout": 0.6, "retry_ambiguous": True}), timeout=30)
+    config = pair(a, b, failover={"total_timeout": 0.6, "retry_ambiguous": True})
+    d = make(config, timeout=CLIENT_TIMEOUT)
     with pytest.raises(d.http.TimeoutException):
         d.get(a.url + "/v1/x")
     start = time.monotonic()
     with pytest.raises(d.http.TimeoutException):
         d.get(a.url + "/v1/x")
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < CLIENT_TIMEOUT / 2
 
 
 def test_unrouted_requests_break_per_host(make: MakeDriver, a: Upstream) -> None:
@@ -559,11 +572,11 @@ def test_commit_complete_still_honours_first_byte_timeout(
 ) -> None:
     """With commit: complete, headers followed by silence fail over after first_byte_timeout (a request that accepts an event stream)."""
     a.behaviour = lambda _: HeadersThenHang()
-    config = pair(a, b, route={"commit": "complete"}, failover={"first_byte_timeout": 0.4})
-    d = make(config, timeout=10)
+    config = pair(a, b, route={"commit": "complete"}, failover={"first_byte_timeout": IN_TIME})
+    d = make(config, timeout=CLIENT_TIMEOUT)
     r, took = elapsed(lambda: d.get(a.url + "/v1/x", headers=EVENT_STREAM))
     assert r.text == "b"
-    assert took < 2.0
+    assert took < CLIENT_TIMEOUT / 2
 
 
 def test_first_target_gets_its_own_headers_and_json(

@@ -86,6 +86,14 @@ Action = Respond | Stream | Hang | HeadersThenHang | Reset | Hangup
 Behaviour = Callable[[Seen], Action]
 
 
+# A time limit that healthy work on 127.0.0.1 always meets, however busy the machine: a
+# first-byte or response timeout that a backup's answer must beat, a total timeout within
+# which a request must reach its upstream. A test process on a two-core machine running
+# other test suites was seen to stall for over a second; only an upstream that never
+# answers (or stalls on purpose) trips a limit this long.
+IN_TIME = 2.0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
