@@ -1093,7 +1093,7 @@ def test_exactly_half_open_probes_across_processes(
     primary.behaviour = lambda seen: Respond(body="primary", gate=gate)
     time.sleep(0.6)  # the window
     ids = [workers.submit(w % 4, **spec) for w in range(16)]
-    wait_for(lambda: len(workers.finished(ids)) == 14, timeout=20)
+    wait_for(lambda: len(workers.finished(ids)) == 14)
     skipped = workers.finished(ids)
     assert [r for job_id in skipped for r in workers.result(job_id)] == ["200 backup"] * 14
     assert primary.calls == 4  # two failures, then exactly two probes, still in flight

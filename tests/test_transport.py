@@ -100,7 +100,7 @@ def test_exactly_the_configured_probes_reach_a_recovering_target(
     done: list[Any] = []
     runner = threading.Thread(target=lambda: done.append(d.many(200, "GET", a.url + "/v1/x")))
     runner.start()
-    wait_for(lambda: b.calls == 2 + 198 and a.calls - calls_before == 2, timeout=30)
+    wait_for(lambda: b.calls == 2 + 198 and a.calls - calls_before == 2)
     gate.set()
     runner.join(30)
     results = done[0]
