@@ -32,7 +32,7 @@ from sidestep._failopen import LocalTicket
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
 from test_launcher import TESTS, environment
-from upstream import Respond, Upstream, wait_for
+from upstream import IN_TIME, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OTHER = "https://other.example:443"
@@ -200,7 +200,7 @@ def test_a_file_locked_past_the_timeout_fails_open_and_recovers(tmp_path: Path) 
         assert ticket is not None and not isinstance(ticket, LocalTicket)
         started = time.monotonic()
         store.record(ticket, FAIL, P, SUSPENSIONS, 1)  # a write: waits, then memory
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < IN_TIME  # its timeout, not until the holder commits
         assert not store.available
         assert isinstance(store.admit(facts(store), P, 1).ticket, LocalTicket)  # memory, no wait
         holder.execute("COMMIT")

@@ -21,7 +21,7 @@ import sidestep
 from drivers import FakeClock
 from sidestep.wsgi import SuspensionMiddleware
 from suspensions import assert_unavailable, suspension
-from upstream import Reset, Upstream
+from upstream import IN_TIME, Reset, Upstream
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -91,12 +91,14 @@ def test_streamed_response_headers_arrive_before_the_first_body_byte() -> None:
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        go.wait(2)  # the event comes once the caller has seen the headers
+        # the event comes once the caller has seen the headers; a caller waiting for the
+        # body before it returns them has timed out by then
+        go.wait(2 * IN_TIME)
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
     with (
         raw_server(long_poll) as url,
-        httpx.Client(timeout=1.0) as client,
+        httpx.Client(timeout=IN_TIME) as client,
         client.stream("GET", url + "/watch") as response,
     ):
         assert response.status_code == 200
@@ -112,12 +114,12 @@ async def test_async_streamed_response_headers_arrive_before_the_first_body_byte
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        go.wait(2)
+        go.wait(2 * IN_TIME)
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
     with raw_server(long_poll) as url:
         async with (
-            httpx.AsyncClient(timeout=1.0) as client,
+            httpx.AsyncClient(timeout=IN_TIME) as client,
             client.stream("GET", url + "/watch") as response,
         ):
             assert response.status_code == 200
@@ -134,10 +136,10 @@ def test_a_long_poll_whose_caller_waits_for_headers_opens_no_circuit() -> None:
         gate = next(served)
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        gate.wait(2)
+        gate.wait(2 * IN_TIME)  # past the caller's timeout, unless it has the headers by then
         conn.sendall(b"2\r\nok\r\n0\r\n\r\n")
 
-    with raw_server(long_poll) as url, httpx.Client(timeout=0.5) as client:
+    with raw_server(long_poll) as url, httpx.Client(timeout=IN_TIME) as client:
         for gate in gates:
             with client.stream("GET", url + "/events") as response:
                 gate.set()
