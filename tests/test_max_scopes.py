@@ -132,6 +132,7 @@ def test_failing_endpoints_of_the_primarys_own_origin_never_make_the_store_forge
     whose cap is this origin's): the store forgets only unrouted traffic's scopes, and the
     route's requests go straight to the backup."""
     endpoints = 2 * CAP
+
     def behaviour(seen: Any) -> Any:
         if seen.path == "/ok":
             return Respond(body="ok")
