@@ -234,3 +234,21 @@ def test_an_async_request_forwarded_to_another_wrapped_client_is_handled_once(
 
     assert asyncio.run(go()) == [503, 503, 503, "suspended"]
     assert a.calls == 3
+
+
+def test_install_survives_a_transport_whose_attributes_raise(http: Any) -> None:
+    """A transport of someone else's whose `transport` property raises is left as it is by install(), and the client is built."""
+
+    class Touchy(http.BaseTransport):  # type: ignore[misc]
+        @property
+        def transport(self) -> Any:
+            raise RuntimeError("not configured")
+
+        def handle_request(self, request: Any) -> Any:
+            return http.Response(200, text="touchy")
+
+    sidestep.install()
+    touchy = Touchy()
+    with http.Client(transport=touchy) as client:
+        assert client._transport is touchy
+        assert client.get("http://127.0.0.1:9/").text == "touchy"

@@ -154,7 +154,10 @@ def reaches_network(transport: Any, depth: int = 3) -> bool:
             return True
     if depth:
         for attribute in _WRAPPED:
-            inner = getattr(transport, attribute, None)
+            try:
+                inner = getattr(transport, attribute, None)
+            except Exception:  # noqa: S112  # a property of someone else's that fails
+                continue
             if inner is not None and inner is not transport and reaches_network(inner, depth - 1):
                 return True
     return False
