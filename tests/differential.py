@@ -164,6 +164,11 @@ class Origin:
         if path.startswith("/status/"):
             code = int(path.rsplit("/", 1)[1])
             return _json({"error": f"status {code}"}, status=code)
+        if path == "/recovers":
+            # answers 500 four times, then 200: an SDK retrying it four times gets through
+            if hits <= 4:
+                return _json({"error": {"type": "server_error"}}, status=500)
+            return _json({"ok": True})
         if path == "/rate-limited":
             if hits == 1:
                 return _json({"error": "slow down"}, status=429, headers={"Retry-After": "0"})

@@ -56,7 +56,7 @@ class Driver:
             self._thread.start()
 
             async def build() -> Any:
-                inner = self.http.AsyncHTTPTransport(**inner_kw)
+                inner = self.inner = self.http.AsyncHTTPTransport(**inner_kw)
                 self.transport = module.AsyncFailoverTransport(
                     config, transport=inner, **transport_kw
                 )
@@ -64,18 +64,24 @@ class Driver:
 
             self.client = self.run(build())
         else:
-            inner = self.http.HTTPTransport(**inner_kw)
+            inner = self.inner = self.http.HTTPTransport(**inner_kw)
             self.transport = module.FailoverTransport(config, transport=inner, **transport_kw)
             self.client = self.http.Client(transport=self.transport, timeout=timeout)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+    def pooled(self, port: int) -> list[bool]:
+        """Whether each connection to 127.0.0.1:`port` in the client's pool (the inner
+        transport's) is idle, free for the next request, rather than held by one."""
+        connections = self.inner._pool.connections
+        return [c.is_idle() for c in connections if c._origin.port == port]
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
         if self.is_async:
             self.run(self.client.aclose())
             self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(5)
+            self._thread.join(60)
             self.loop.close()
         else:
             self.client.close()
@@ -116,7 +122,7 @@ class Driver:
                     await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
                 )
 
-            return self.run(all_at_once(), timeout=60)
+            return self.run(all_at_once(), timeout=300)  # bounds a hang only
 
         def one(_: int) -> Result | BaseException:
             try:

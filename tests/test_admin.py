@@ -30,7 +30,7 @@ from sidestep._classify import RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep.logging import add_observer, remove_observer
-from upstream import Respond, Upstream
+from upstream import IN_TIME, Respond, Upstream
 
 TOKEN = "admin-token-0123456789"
 READER = "reader-token-0123456789"
@@ -430,11 +430,12 @@ def test_a_clear_whose_answer_redis_never_gives_is_a_503_not_a_404(
     with contextlib.ExitStack() as stack:
         stack.callback(proxy.close)
         client, admin = stack.enter_context(
-            admin_over_redis(kind, a, b, redis_server.url, proxy.url, timeout=0.2)
+            # a timeout the listing's reply meets on a busy machine, and the late one misses
+            admin_over_redis(kind, a, b, redis_server.url, proxy.url, timeout=IN_TIME)
         )
         assert client.post(f"{a.url}/v1/chat", json={}).text == "b"
         (row,) = admin.get("/suspensions").json()["suspensions"]  # connected, script loaded
-        proxy.late(skip=1, seconds=1.0)  # the listing's reply comes, the clear's does not
+        proxy.late(skip=1, seconds=2 * IN_TIME)  # the listing's reply comes, the clear's does not
         answer = admin.delete(f"/suspensions/{row['scope_id']}")
         assert answer.status_code == 503
         assert answer.json() == {"error": "store_unavailable"}

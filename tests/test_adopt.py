@@ -44,21 +44,40 @@ ALONE = sidestep.Config.model_validate(
 
 
 class Upstreams:
-    """A mock transport of one flavour: primary.test answers 503, any other host its own name."""
+    """An HTTP transport of one flavour, the kind install() wraps, answering in process:
+    primary.test answers 503, any other host its own name (no socket is opened)."""
 
     def __init__(self, http: Any) -> None:
         self.hosts: list[str] = []
         self.closed = 0
         outer = self
 
-        class Mock(http.MockTransport):
+        class Wire(http.HTTPTransport):  # type: ignore[misc]
+            def handle_request(self, request: Any) -> Any:
+                return outer._handle(request)
+
+            async def handle_async_request(self, request: Any) -> Any:
+                return outer._handle(request)
+
             def close(self) -> None:
                 outer.closed += 1
 
             async def aclose(self) -> None:
                 outer.closed += 1
 
-        self.transport = Mock(self._handle)
+            def __enter__(self) -> Any:
+                return self
+
+            def __exit__(self, *exc_info: Any) -> None:
+                self.close()
+
+            async def __aenter__(self) -> Any:
+                return self
+
+            async def __aexit__(self, *exc_info: Any) -> None:
+                await self.aclose()
+
+        self.transport = Wire()
         self.http = http
 
     def _handle(self, request: Any) -> Any:

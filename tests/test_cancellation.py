@@ -1,4 +1,9 @@
-"""Cancellation and mid-body failures, under asyncio and trio, against real upstreams."""
+"""Cancellation and mid-body failures, under asyncio and trio, against real upstreams.
+
+A cancellation lands when the request has reached the point under test (its call seen
+by the upstream, its headers in, its answer being closed or recorded), never after a
+fixed time: on a busy machine a request may take any time to get there.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,18 @@ from sidestep._redis import RedisStore
 from sidestep._sqlite import SqliteStore
 from sidestep._store import MemoryStore
 from sidestep.metrics import prometheus
-from upstream import Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
+from upstream import IN_TIME, Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
+
+
+async def cancelled_when(call: Any, condition: Any, then: Any = None) -> None:
+    """Run `call()` and cancel it once `condition()` holds (a fact of other threads, polled
+    off the event loop), then call `then()` if given; fail if the condition never holds."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await anyio.to_thread.run_sync(wait_for, condition)
+        tg.cancel_scope.cancel()
+        if then is not None:
+            then()
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -52,9 +68,8 @@ async def test_cancelled_probe_gives_its_slot_back(a: Upstream, b: Upstream) -> 
             await client.get(a.url + "/v1/x")
         clock.advance(10)
         a.behaviour = lambda _: Hang()
-        with anyio.move_on_after(0.3):  # the caller gives up while the probe hangs
-            await client.get(a.url + "/v1/x")
-        assert a.calls == 3
+        # the caller gives up while the probe hangs
+        await cancelled_when(lambda: client.get(a.url + "/v1/x"), lambda: a.calls == 3)
         (scope,) = transport.suspensions()
         assert scope.state == "half_open"
         a.behaviour = lambda _: Respond(body="a")
@@ -72,10 +87,12 @@ async def test_cancellation_during_failover_reaches_no_other_target(
     a.behaviour = lambda _: Hang()
     transport = sidestep.AsyncFailoverTransport(config(a, b, failover={"retry_ambiguous": True}))
     async with httpx.AsyncClient(transport=transport, timeout=30) as client:
-        with anyio.move_on_after(0.3):
-            await client.post(a.url + "/v1/x", json={"q": 1})
-        await anyio.sleep(0.05)
-        assert b.calls == 0
+        await cancelled_when(
+            lambda: client.post(a.url + "/v1/x", json={"q": 1}), lambda: a.calls == 1
+        )
+    async with httpx.AsyncClient() as plain:  # after the request: anything it sent has arrived
+        await plain.get(b.url + "/v1/sentinel")
+    assert [seen.path for seen in b.seen] == ["/v1/sentinel"]
 
 
 @pytest.mark.anyio
@@ -134,36 +151,55 @@ async def test_cancelled_while_waiting_for_the_first_byte_closes_the_connection(
 ) -> None:
     """A request cancelled between the headers and the first body byte leaves no open socket."""
     a.behaviour = lambda _: HeadersThenHang()
-    transport = sidestep.AsyncFailoverTransport(config(a, b))
+    inner = _Heard()
+    transport = sidestep.AsyncFailoverTransport(config(a, b), transport=inner)
     async with httpx.AsyncClient(transport=transport, timeout=30) as client:
-        with anyio.move_on_after(0.3):
-            await client.get(a.url + "/v1/x")
+        await cancelled_when(lambda: client.get(a.url + "/v1/x"), lambda: inner.heads == 1)
         await anyio.to_thread.run_sync(lambda: wait_for(lambda: a.open_connections == 0))
         assert b.calls == 0
 
 
-class _SlowClose(httpx.AsyncByteStream):
-    """A body whose closing takes a while (a TLS close, a slow socket teardown)."""
+class _Heard(httpx.AsyncHTTPTransport):
+    """httpx's own transport, counting the answers whose headers came (`heads`)."""
 
-    def __init__(self, inner: Any) -> None:
+    heads = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        self.heads += 1
+        return response
+
+
+class _SlowClose(httpx.AsyncByteStream):
+    """A body whose closing takes a while (a TLS close, a slow socket teardown) while its
+    transport is `slow`: here until the transport's `done` is set."""
+
+    def __init__(self, inner: Any, closing: _SlowClosing) -> None:
         self.inner = inner
+        self.closing = closing
 
     async def __aiter__(self) -> Any:
         async for chunk in self.inner:
             yield chunk
 
     async def aclose(self) -> None:
-        await anyio.sleep(0.5)
+        if self.closing.slow:
+            self.closing.started += 1
+            await self.closing.done.wait()
         await self.inner.aclose()
 
 
 class _SlowClosing(httpx.AsyncBaseTransport):
     def __init__(self) -> None:
         self.inner = httpx.AsyncHTTPTransport()
+        self.slow = False  # whether closing an answer waits for `done`
+        self.done: Any = None
+        self.started = 0  # slow closes begun
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         r = await self.inner.handle_async_request(request)
-        return httpx.Response(r.status_code, headers=r.headers, stream=_SlowClose(r.stream))
+        stream = _SlowClose(r.stream, self)
+        return httpx.Response(r.status_code, headers=r.headers, stream=stream)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -179,25 +215,37 @@ async def test_cancelled_while_closing_the_previous_answer_frees_the_next_probe(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SidestepConfigWarning)
         cfg = config(a, b, breaker={"failure_threshold": 1})
-        transport = sidestep.AsyncFailoverTransport(cfg, transport=_SlowClosing(), clock=clock)
+        inner = _SlowClosing()
+        transport = sidestep.AsyncFailoverTransport(cfg, transport=inner, clock=clock)
     async with httpx.AsyncClient(transport=transport, timeout=30) as client:
         await client.get(a.url + "/v1/x")  # both open
         clock.advance(11)
         b.behaviour = lambda _: Respond(body="b back")
-        with anyio.move_on_after(0.2):  # A is probed and fails; B's probe waits on A's close
-            await client.get(a.url + "/v1/x")
+        inner.slow, inner.done = True, anyio.Event()
+        # A is probed and fails; B's probe waits on A's close, during which the caller gives up
+        await cancelled_when(
+            lambda: client.get(a.url + "/v1/x"), lambda: inner.started == 1, inner.done.set
+        )
+        inner.slow = False
         clock.advance(1000)
         r = await client.get(b.url + "/v1/x")
         assert r.text == "b back"
 
 
 class _SlowStore(MemoryStore):
-    """A store that waits on I/O, as RedisStore does: the async shell awaits its twins."""
+    """A store that waits on I/O, as RedisStore does: the async shell awaits its twins.
+    Its verdict writes (counted in `writing` as they begin) wait until `done` is set."""
 
     blocking = True
 
+    def __init__(self, done: anyio.Event) -> None:
+        super().__init__()
+        self.done = done
+        self.writing = 0
+
     async def record_async(self, *args: Any) -> Any:
-        await anyio.sleep(0.3)
+        self.writing += 1
+        await self.done.wait()
         return self.record(*args)
 
 
@@ -206,15 +254,16 @@ async def test_cancelled_while_recording_loses_no_connection(a: Upstream) -> Non
     """A cancellation during a slow verdict write still returns the connection to the pool."""
     a.behaviour = lambda _: Stream([b"data: 1\n\n", b"data: 2\n\n"])
     inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1))
-    transport = sidestep.AsyncFailoverTransport({}, transport=inner, store=_SlowStore())
+    store = _SlowStore(anyio.Event())
+    transport = sidestep.AsyncFailoverTransport({}, transport=inner, store=store)
     async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5, pool=1)) as client:
 
         async def call() -> bytes:
             async with client.stream("GET", a.url + "/x") as r:
                 return await r.aread()
 
-        with anyio.move_on_after(0.15):
-            await call()
+        await cancelled_when(call, lambda: store.writing == 1)
+        store.done.set()  # the next call's write goes through
         assert (
             await call() == b"data: 1\n\ndata: 2\n\n"
         )  # no PoolTimeout: the one connection is free
@@ -223,14 +272,15 @@ async def test_cancelled_while_recording_loses_no_connection(a: Upstream) -> Non
 @pytest.mark.anyio
 async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstream) -> None:
     """A pool wait past first_byte_timeout (a request that accepts an event stream) is a local PoolTimeout, not an outage of a healthy upstream."""
+    rest = threading.Event()  # the hog's body after its first chunk: sent once set
     a.behaviour = lambda s: (
-        Stream([b"x"] * 10, delay=0.1) if s.path == "/slow" else Respond(body="fast")
+        Stream([b"x"] * 10, release=rest) if s.path == "/slow" else Respond(body="fast")
     )
     inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1))
     cfg = {"breaker": {"failure_threshold": 2}, "failover": {"first_byte_timeout": 0.3}}
     transport = sidestep.AsyncFailoverTransport(cfg, transport=inner)
     async with (
-        httpx.AsyncClient(transport=transport, timeout=5) as client,
+        httpx.AsyncClient(transport=transport, timeout=30) as client,
         anyio.create_task_group() as tg,
     ):
 
@@ -239,10 +289,12 @@ async def test_waiting_for_the_local_pool_is_not_the_upstreams_failure(a: Upstre
                 await r.aread()
 
         tg.start_soon(hog)
-        await anyio.sleep(0.1)
+        # sent: the hog holds the one connection until it has read the whole body
+        await anyio.to_thread.run_sync(wait_for, lambda: a.calls == 1)
         for _ in range(2):
             with pytest.raises(httpx.PoolTimeout):
                 await client.get(a.url + "/fast", headers={"accept": "text/event-stream"})
+        rest.set()
     assert transport.suspensions() == []
 
 
@@ -264,7 +316,8 @@ async def test_cancelled_requests_are_counted_and_count_against_no_scope(
                 tg.start_soon(client.get, a.url + "/v1/x")
                 await anyio.to_thread.run_sync(lambda: wait_for(lambda: a.calls == 1))
                 tg.cancel_scope.cancel()
-            with anyio.move_on_after(0.2) as scope:  # a timeout around the call
+            # a timeout around the call, which the request reaches A well within
+            with anyio.move_on_after(IN_TIME) as scope:
                 await client.get(a.url + "/v1/x")
             assert scope.cancelled_caught and a.calls == 2
             assert transport.suspensions() == []

@@ -134,7 +134,7 @@ def serve(command: list[str], env: dict[str, str], logs: Path) -> Iterator[httpx
         httpx.Client(base_url=f"http://127.0.0.1:{port}", trust_env=False, timeout=5) as client,
     ):
         try:
-            wait_for(lambda: started(process, client), timeout=20)
+            wait_for(lambda: started(process, client))  # a busy machine may start it slowly
             yield client
         finally:
             process.terminate()

@@ -3,7 +3,9 @@
 Keep-alives, pings and metadata before it are held, count for no timer and
 reach the caller byte for byte with that content; an error event before it
 fails over like the error status it stands for. Time bounds are generous:
-each test's upstream keeps going for several times the limit under test.
+each test's upstream keeps going for over twice the limit under test, and a
+limit that a healthy answer must meet too (B's first token, the gap between
+two of A's tokens) is `IN_TIME` above what that answer takes.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ from typing import Any
 import pytest
 
 from drivers import MakeDriver, route
-from upstream import Respond, Stream, Upstream
+from upstream import IN_TIME, Respond, Stream, Upstream
 
 SSE = {"content-type": "text/event-stream"}
-FIRST_BYTE = 1.0
-STALL = 1.0
+FIRST_BYTE = IN_TIME  # B's first token meets it
+STALL = 1.0  # only A's pings meet it
 MESSAGES = "/v1/messages"
 CHAT = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
@@ -71,7 +73,7 @@ def make(make: MakeDriver) -> MakeDriver:
 def test_pings_and_keepalives_do_not_count_as_the_first_token(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """A sends its metadata and then a ping every 0.1 s for 5 s: first_byte_timeout (1 s) still fails it over, and B's stream is delivered."""
+    """A sends its metadata and then a ping every 0.1 s for 5 s: first_byte_timeout (2 s) still fails it over, and B's stream is delivered."""
     a.behaviour = lambda _: Stream([KEEPALIVE + START, *[PING] * 50, TOKEN], headers=SSE, delay=0.1)
     b.behaviour = b_answers
     d = make(pair(a, b, failover={"first_byte_timeout": FIRST_BYTE}))
@@ -197,10 +199,10 @@ def test_after_the_first_token_pings_do_not_reset_stall_timeout(
 def test_real_events_keep_a_slow_stream_alive_past_stall_timeout(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """Tokens closer together than stall_timeout, with pings between them, are read whole however long the answer."""
-    body = [START + BLOCK + TOKEN, *[PING, TOKEN] * 6, END]
-    a.behaviour = lambda _: Stream(body, headers=SSE, delay=STALL / 4)
-    d = make(pair(a, b, failover={"stall_timeout": STALL}))
+    """Tokens closer together than stall_timeout, with pings between them, are read whole however long the answer (here longer than the limit)."""
+    body = [START + BLOCK + TOKEN, *[PING, TOKEN] * 30, END]  # 61 gaps of 0.05 s
+    a.behaviour = lambda _: Stream(body, headers=SSE, delay=IN_TIME / 40)
+    d = make(pair(a, b, failover={"stall_timeout": IN_TIME}))  # each gap meets it
     r = d.stream("POST", a.url + MESSAGES, lambda _: None, json={"stream": True})
     assert r.body == b"".join(body)
 

@@ -16,7 +16,7 @@ from sidestep._attempts import Core
 from sidestep._effects import Send
 from sidestep._run import Run
 from sidestep.logging import add_observer, listening, remove_observer
-from upstream import Hang, Respond, Upstream
+from upstream import IN_TIME, Hang, Respond, Upstream
 
 Seen = list[tuple[str, dict[str, Any]]]
 
@@ -179,7 +179,7 @@ def test_a_closed_generator_still_finishes_its_attempt_and_request(seen: Seen) -
             {"route": {"commit": "complete"}},
             "invalid_body",
         ),
-        (Hang(), {"failover": {"response_timeout": 0.2}}, "timeout"),
+        (Hang(), {"failover": {"response_timeout": IN_TIME}}, "timeout"),  # B's answer meets it
     ],
 )
 def test_each_attempt_result_is_named(

@@ -39,7 +39,7 @@ def test_two_workers_add_up_and_the_gauge_counts_each_workers_suspension(
         with ThreadPoolExecutor(max_workers=2) as pool:
             # Two calls held at B at once: each of the two sync workers is busy with one.
             first = [pool.submit(httpx.get, url + "/call", timeout=30) for _ in range(2)]
-            wait_for(lambda: b.calls == 2, timeout=30)
+            wait_for(lambda: b.calls == 2)
             gate.set()
             answers = [f.result().text for f in first]
             answers += [httpx.get(url + "/call", timeout=30).text for _ in range(CALLS - 2)]

@@ -46,7 +46,7 @@ from sidestep._redis_calls import RedisTicket, anchor, origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._sqlite import SqliteStore
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
-from upstream import Hang, Respond, Upstream, wait_for
+from upstream import IN_TIME, Hang, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -305,14 +305,15 @@ def test_a_new_connection_costs_three_replies_then_one_per_call(proxy: DelayProx
 async def test_an_async_call_is_bounded_as_a_whole_by_the_timeout(
     anyio_backend: str, proxy: DelayProxy
 ) -> None:
-    """When every reply takes more than half the timeout, the first async admission (connect, authenticate, load, call) falls back within about the timeout, not after all its replies."""
-    proxy.delay = 0.15
-    store = store_on(proxy.url, timeout=0.25)
+    """When every reply takes three quarters of the timeout, the first async admission (connect, authenticate, load, call: three replies) falls back at the timeout, before its replies could all have come."""
+    timeout = IN_TIME  # what the first reply takes on a busy machine stays within it
+    proxy.delay = 0.75 * timeout
+    store = store_on(proxy.url, timeout=timeout)
     started = time.monotonic()
     admission = await store.admit_async(facts(store), BreakerPolicy(), 0)
     waited = time.monotonic() - started
     assert isinstance(admission.ticket, LocalTicket) and store.fallbacks == 1
-    assert 0.25 <= waited < 2 * 0.25
+    assert timeout <= waited < 2 * timeout  # all three replies: 2.25 timeouts at the least
     await store.aclose()
 
 
@@ -356,7 +357,7 @@ def test_server_clock_decides_windows_and_times_return_on_each_callers_clock(
     while (
         probe := b.admit(facts(b), p, 5_000_000.0)
     ).ticket is None:  # callers' clocks stand still
-        assert time.monotonic() - opening < 5
+        assert time.monotonic() - opening < 60  # only bounds a hang
         time.sleep(0.01)
     assert time.monotonic() - opening >= 0.4 - 0.002  # the server's clock moved on
     assert probe.ticket is not None and probe.ticket.probes
@@ -380,13 +381,17 @@ def test_probe_lease_is_the_one_passed_in_else_the_stores_default(
     ((left,),) = [leases(redis_server, store, key).values()]
     assert between(left, 0.5 - (time.monotonic() - started), 0.5)
     assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None  # the slot is taken
-    while (after := store.admit(facts(store), ONE_PROBE, 10.0).ticket) is None:
-        assert time.monotonic() - started < 5
+    while True:
+        asked = time.monotonic()
+        if (after := store.admit(facts(store), ONE_PROBE, 10.0).ticket) is not None:
+            break
+        assert asked - started < 60  # only bounds a hang
         time.sleep(0.01)
     assert time.monotonic() - started >= 0.5 - 0.002  # not before its lease ended
     assert after.probes
     ((left,),) = [leases(redis_server, store, key).values()]
-    assert 29.0 < left <= 30.0  # no lease passed in: the store's default
+    # no lease passed in: the store's default, less what has passed since it was asked for
+    assert between(left, 30.0 - (time.monotonic() - asked), 30.0)
     store.close()
 
 
@@ -651,13 +656,92 @@ def test_keys_expire_after_healing_and_all_live_under_the_prefix(redis_server: R
     left = db3.keys("*")
     assert left and all(k.startswith(prefix + ":") for k in left)
     assert not any(":s:" in k for k in left)  # the healed scope itself is gone
-    wait_for(lambda: not db3.keys("*"), timeout=5)
+    wait_for(lambda: not db3.keys("*"))
     one = store.admit(facts(store), p, 20).ticket
     assert one is not None
     store.record(one, FAIL, p, Suspensions(), 20)  # closed, one failure: kept for ttl
     assert len(store) == 1
+    wait_for(lambda: not db3.keys("*"))
+    db3.close()
+    store.close()
+
+
+# --- unrouted traffic's scopes: the ones max_scopes forgets first ---------------------------------
+
+CONNECT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True)
+
+
+def unrouted(store: Any, origin: str = ORIGIN, path: str = "/x") -> ScopeFacts:
+    """An unrouted request's facts: its path is its endpoint."""
+    return ScopeFacts(origin, {}, b"", store.fingerprint, path=path)
+
+
+def record(store: Any, f: ScopeFacts, verdict: Verdict, p: BreakerPolicy) -> tuple[Transition, ...]:
+    ticket = store.admit(f, p, 0).ticket
+    assert ticket is not None
+    return store.record(ticket, verdict, p, Suspensions(), 0)
+
+
+def test_unrouted_traffics_set_empties_as_its_scopes_heal_and_expires_with_them(
+    redis_server: RedisServer,
+) -> None:
+    """The set of unrouted traffic's scopes holds a scope until it heals, then is gone; a lone
+    unrouted failure's keys, that set's included, expire after ttl."""
+    url = redis_server.url.rsplit("/", 1)[0] + "/3"  # a database of its own, to list every key
+    store = store_on(url, ttl=0.4)
+    unrouted_set = f"{store._prefix}:u"
+    db3 = redis.Redis.from_url(url, decode_responses=True)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    record(store, unrouted(store), CONNECT_FAIL, p)
+    assert db3.zcard(unrouted_set) == 1
+    record(store, unrouted(store), OK, p)
+    assert len(store) == 0 and not db3.exists(unrouted_set)
+    record(store, unrouted(store), CONNECT_FAIL, p)
+    assert db3.zcard(unrouted_set) == 1
     wait_for(lambda: not db3.keys("*"), timeout=5)
     db3.close()
+    store.close()
+
+
+def test_scopes_kept_before_unrouted_traffic_was_told_apart_are_spared_as_routes(
+    redis_server: RedisServer,
+) -> None:
+    """Scopes in no set of unrouted traffic's (written by an earlier version) are spared as a
+    route's: unrouted traffic at max_scopes is not kept, a route's new scope takes a place."""
+    store = store_on(redis_server.url, max_scopes=2)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    a, b, c = (unrouted(store, f"https://{h}.example:443") for h in "abc")
+    record(store, a, CONNECT_FAIL, p)
+    record(store, b, CONNECT_FAIL, p)
+    with redis_server.client() as client:
+        client.delete(f"{store._prefix}:u")
+    assert record(store, c, CONNECT_FAIL, p) == ()
+    assert {s.scope.origin for s in store.snapshot(0)} == {a.origin, b.origin}
+    record(store, facts(store), FAIL, p)
+    assert len(store) == 2
+    assert model_scope(store) in {s.scope for s in store.snapshot(0)}
+    store.close()
+
+
+def test_a_member_of_unrouted_traffics_set_whose_scope_is_gone_is_passed_over(
+    redis_server: RedisServer,
+) -> None:
+    """At max_scopes, a member left in the set of unrouted traffic's scopes with no scope
+    behind it (an earlier version forgot the scope) is dropped, and the next one makes room."""
+    store = store_on(redis_server.url, max_scopes=2)
+    p = BreakerPolicy(failure_threshold=2, cooldown=10)
+    a, b, c = (unrouted(store, f"https://{h}.example:443") for h in "abc")
+    record(store, a, CONNECT_FAIL, p)
+    record(store, b, CONNECT_FAIL, p)
+    unrouted_set = f"{store._prefix}:u"
+    with redis_server.client() as client:
+        first, score = client.zrange(unrouted_set, 0, 0, withscores=True)[0]
+        assert first.endswith(a.key(ScopeKind.ORIGIN).scope_id)  # the next to go
+        ghost = origin_hash("https://ghost.example:443") + ":" + "0" * 16
+        client.zadd(unrouted_set, {ghost: score - 1})  # before it
+        record(store, c, CONNECT_FAIL, p)
+        assert client.zscore(unrouted_set, ghost) is None
+    assert {s.scope.origin for s in store.snapshot(0)} == {b.origin, c.origin}
     store.close()
 
 
@@ -757,7 +841,8 @@ def test_one_caller_retries_a_silent_redis_while_the_others_stay_on_memory() -> 
     silent.bind(("127.0.0.1", 0))
     silent.listen(512)  # connections complete in the kernel; nobody ever reads them
     url = f"redis://:{PASSWORD}@127.0.0.1:{silent.getsockname()[1]}/0"
-    timeout, interval = 0.1, 0.2
+    # a timeout no admission served from memory takes, however busy the machine
+    timeout, interval = 0.5, 1.0
     store = RedisStore(url, prefix=fresh_prefix(), timeout=timeout, retry_interval=interval)
     p = BreakerPolicy()
     # Deemed down first: callers already waiting when Redis falls silent all wait it out.
@@ -765,7 +850,7 @@ def test_one_caller_retries_a_silent_redis_while_the_others_stay_on_memory() -> 
     waits: list[float] = []
     lock = threading.Lock()
     started = time.monotonic()
-    until = started + 1.0
+    until = started + 3 * interval
 
     def admit_for_a_while() -> None:
         while time.monotonic() < until:
@@ -803,7 +888,10 @@ async def test_async_transport_keeps_the_loop_running_while_redis_is_silent(
     silent.listen(64)  # connections complete in the kernel; nobody ever reads them
     port = silent.getsockname()[1]
     upstream = Upstream()
-    store = RedisStore(f"redis://:{PASSWORD}@127.0.0.1:{port}/0", timeout=0.25, retry_interval=60)
+    timeout = 1.0  # a hundred ticks: ten come however busy the machine
+    store = RedisStore(
+        f"redis://:{PASSWORD}@127.0.0.1:{port}/0", timeout=timeout, retry_interval=60
+    )
     ticks = 0
 
     async def ticker() -> None:
@@ -821,7 +909,7 @@ async def test_async_transport_keeps_the_loop_running_while_redis_is_silent(
             response = await c.get(upstream.url + "/x")
             waited = time.monotonic() - started
             assert response.status_code == 200
-            assert 0.25 <= waited < 1.5  # one timeout, then memory
+            assert timeout <= waited < timeout + IN_TIME  # one timeout, then memory
             assert ticks - before >= 10  # the loop ran all along
             for _ in range(20):
                 assert (await c.get(upstream.url + "/x")).status_code == 200
@@ -897,7 +985,7 @@ def test_async_clients_close_with_their_event_loop(own_redis: RedisServer) -> No
         for _ in range(20):
             asyncio.run(store.admit_async(facts(store), p, 0))
         gc.collect()
-        wait_for(lambda: len(admin.client_list()) <= base, timeout=2)
+        wait_for(lambda: len(admin.client_list()) <= base)
         assert len(store._async) <= 1  # the last loop's, closed: dropped with the next loop
 
         assert store.admit(facts(store), p, 0).ticket is not None  # the sync client connects
@@ -932,7 +1020,7 @@ def _worker(inbox: Any, outbox: Any) -> None:  # pragma: no cover - runs in a ch
                 shared: Any = SqliteStore if spec.pop("kind", "redis") == "sqlite" else RedisStore
                 store = shared(**spec)
                 transport = sidestep.FailoverTransport(job["config"], store=store)
-                clients[key] = httpx.Client(transport=transport, timeout=10)
+                clients[key] = httpx.Client(transport=transport, timeout=60)  # bounds hangs
             return clients[key]
 
     def run(job_id: int, job: dict[str, Any]) -> None:
@@ -1084,7 +1172,7 @@ def test_exactly_half_open_probes_across_processes(
     primary.behaviour = lambda seen: Respond(body="primary", gate=gate)
     time.sleep(0.6)  # the window
     ids = [workers.submit(w % 4, **spec) for w in range(16)]
-    wait_for(lambda: len(workers.finished(ids)) == 14, timeout=20)
+    wait_for(lambda: len(workers.finished(ids)) == 14)
     skipped = workers.finished(ids)
     assert [r for job_id in skipped for r in workers.result(job_id)] == ["200 backup"] * 14
     assert primary.calls == 4  # two failures, then exactly two probes, still in flight
@@ -1098,35 +1186,42 @@ def test_exactly_half_open_probes_across_processes(
 def test_probe_of_a_killed_process_is_freed_when_its_lease_ends(
     workers: Workers, pair: tuple[Upstream, Upstream], shared: dict[str, Any]
 ) -> None:
-    """A process killed while holding the probe keeps the slot only until its lease (here the request's total_timeout) ends; then another process probes."""
+    """A process killed while holding the probe keeps the slot while its lease (the request's total_timeout) runs — one of ten minutes, still running however slow the machine — and, when the lease is short, only until it ends: then another process probes."""
     primary, backup = pair
-    primary.behaviour = lambda seen: Respond(503)
-    lease = 6.0  # room for spawning and importing while several test runs share the cores
-    spec = job(
-        shared, primary, backup, cooldown=0.3,
-        failover={"total_timeout": lease},
-    )  # fmt: skip
-    workers.run(0, **{**spec, "n": 2})
-    primary.behaviour = lambda seen: Hang()
-    time.sleep(0.4)  # the window (0.3 s) ends
-    victim = Workers(1)
-    try:
-        before = time.monotonic()  # the probe's request starts after this: its lease ends later
-        victim.submit(0, **spec)
-        wait_for(lambda: primary.calls == 3, timeout=20)
-        os.kill(victim.processes[0].pid or 0, signal.SIGKILL)
+
+    def killed_probe(lease: float) -> tuple[dict[str, Any], float]:
+        """Open the primary, let a new process take its probe (which hangs) with `lease`,
+        and kill that process: the jobs' spec, and a time before the probe was taken."""
+        spec = job(shared, primary, backup, cooldown=0.3, failover={"total_timeout": lease})
+        primary.behaviour = lambda seen: Respond(503)
+        assert workers.run(0, **{**spec, "n": 2}) == ["200 backup"] * 2
+        primary.behaviour = lambda seen: Hang()
+        calls = primary.calls
+        time.sleep(0.4)  # the window (0.3 s) ends
+        victim = Workers(1)
+        try:
+            before = time.monotonic()  # the probe's request starts after this: its lease ends later
+            victim.submit(0, **spec)
+            wait_for(lambda: primary.calls == calls + 1)
+            os.kill(victim.processes[0].pid or 0, signal.SIGKILL)
+        finally:
+            victim.processes[0].join(5)
         primary.behaviour = lambda seen: Respond(body="primary")
-        assert workers.run(1, **spec) == ["200 backup"]  # the dead probe still holds the slot
-        assert time.monotonic() - before < lease, "too slow to tell: the lease may have ended"
-        assert primary.calls == 3
-        results: list[str] = []
-        while "200 primary" not in results:
-            assert time.monotonic() - before < lease + 20
-            results = workers.run(2, **spec)
-        assert time.monotonic() - before >= lease - 0.01  # not before the lease ended
-        assert primary.calls == 4
-    finally:
-        victim.processes[0].join(5)
+        return spec, before
+
+    spec, before = killed_probe(lease=2.0)
+    calls = primary.calls
+    results: list[str] = []
+    while "200 primary" not in results:
+        assert time.monotonic() - before < 60  # only bounds a hang
+        results = workers.run(2, **spec)
+    assert time.monotonic() - before >= 2.0 - 0.01  # not before the lease ended
+    assert primary.calls == calls + 1  # one probe, whose success closed the primary again
+
+    spec, _ = killed_probe(lease=600.0)
+    calls = primary.calls
+    assert workers.run(1, **spec) == ["200 backup"]  # the dead probe still holds the slot
+    assert primary.calls == calls
 
 
 @pytest.mark.slow

@@ -138,17 +138,17 @@ def test_a_transition_is_published_to_every_node_and_reaches_other_mirrors(
     reader.admit(facts(reader, origin), POLICY, time.monotonic())  # starts its listener
     mirror = reader._mirror
     assert mirror is not None
-    wait_for(lambda: mirror.live, timeout=5)
+    wait_for(lambda: mirror.live)
     assert mirror.healthy(origin)
     open_origin(writer, origin)
-    wait_for(lambda: not mirror.healthy(origin), timeout=2)
+    wait_for(lambda: not mirror.healthy(origin))
     oh = origin_hash(origin)
     for pubsub in subscribers:
         assert next_message(pubsub).startswith(f"{oh} 1 ")
         pubsub.close()
     (scope,) = writer.snapshot(time.monotonic())
     assert writer.clear(scope.scope_id)
-    wait_for(lambda: mirror.healthy(origin), timeout=2)
+    wait_for(lambda: mirror.healthy(origin))
     assert writer.fallbacks == reader.fallbacks == 0
     writer.close()
     reader.close()
@@ -247,18 +247,18 @@ def test_a_primary_killed_mid_traffic_fails_no_request_and_probes_stay_exact(
     try:
         # Both have met the cluster: the node a URL names must answer a store's first call
         # (from then on redis-py knows every node).
-        wait_for(lambda: served[0] > 200 and len(statuses) > 20, timeout=10)
+        wait_for(lambda: served[0] > 200 and len(statuses) > 20)
         redis_cluster.kill(victim)
         killed_at = time.monotonic()
-        wait_for(lambda: not traffic.available, timeout=5)  # it noticed, and fails open
-        wait_for(lambda: not http_store.available, timeout=5)
+        wait_for(lambda: not traffic.available)  # it noticed, and fails open
+        wait_for(lambda: not http_store.available)
         # The replica takes over (cluster-node-timeout plus an election), and the store is back.
-        wait_for(lambda: victim not in redis_cluster.primaries(), timeout=15)
-        wait_for(lambda: len(redis_cluster.primaries()) == 3, timeout=15)
-        wait_for(lambda: traffic.available, timeout=10)
+        wait_for(lambda: victim not in redis_cluster.primaries())
+        wait_for(lambda: len(redis_cluster.primaries()) == 3)
+        wait_for(lambda: traffic.available)
         back, sent = served[0], len(statuses)
-        wait_for(lambda: served[0] > back + 200 and traffic.available, timeout=10)
-        wait_for(lambda: len(statuses) > sent + 20 and http_store.available, timeout=10)
+        wait_for(lambda: served[0] > back + 200 and traffic.available)
+        wait_for(lambda: len(statuses) > sent + 20 and http_store.available)
     finally:
         stop.set()
         for thread in threads:
@@ -329,17 +329,17 @@ def test_a_primary_holding_none_of_an_origins_keys_killed_mid_traffic(
     thread = threading.Thread(target=drive)
     thread.start()
     try:
-        wait_for(lambda: len(calls) > 50, timeout=10)
+        wait_for(lambda: len(calls) > 50)
         redis_cluster.kill(victim)
         killed_at = time.monotonic()
         if full_coverage == "yes":
-            wait_for(lambda: not store.available, timeout=15)  # CLUSTERDOWN: memory
-        wait_for(lambda: victim not in redis_cluster.primaries(), timeout=15)
-        wait_for(lambda: len(redis_cluster.primaries()) == 3, timeout=15)
+            wait_for(lambda: not store.available)  # CLUSTERDOWN: memory
+        wait_for(lambda: victim not in redis_cluster.primaries())
+        wait_for(lambda: len(redis_cluster.primaries()) == 3)
         promoted_at = time.monotonic()
-        wait_for(lambda: store.available, timeout=15)
+        wait_for(lambda: store.available)
         count = len(calls)
-        wait_for(lambda: len(calls) > count + 50 and calls[-1][2], timeout=10)
+        wait_for(lambda: len(calls) > count + 50 and calls[-1][2])
     finally:
         stop.set()
         thread.join(30)

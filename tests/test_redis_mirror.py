@@ -1,11 +1,14 @@
-"""RedisStore's mirror against a real Redis: no round trip on the healthy path, news within
-100 ms, and never a stale "healthy" when the subscription is lost."""
+"""RedisStore's mirror against a real Redis: no round trip on the healthy path, news from the
+other stores, and never a stale "healthy" when the subscription is lost.
+
+How soon the news comes is measured by the benchmark (`benchmarks/redis_store.py`), not
+here: on a busy machine it may take any time.
+"""
 
 from __future__ import annotations
 
 import gc
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -21,7 +24,7 @@ from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._redis import RedisStore
 from sidestep._redis_calls import origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKind
-from upstream import Upstream, wait_for
+from upstream import IN_TIME, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -95,18 +98,14 @@ def test_a_healthy_origin_costs_no_round_trip_once_the_mirror_is_live(
     assert store.fallbacks == 0
 
 
-def test_a_transition_reaches_another_mirror_within_100ms(
-    pair: tuple[RedisStore, RedisStore],
-) -> None:
-    """A scope opened through one store is known to the other store's mirror within 100 ms, which then asks Redis and is refused."""
+def test_a_transition_reaches_another_mirror(pair: tuple[RedisStore, RedisStore]) -> None:
+    """A scope opened through one store becomes known to the other store's mirror, which then asks Redis and is refused."""
     one, two = pair
     assert two._mirror is not None and two._mirror.healthy(ORIGIN)
     ticket = one.admit(facts(one), P, 0).ticket
     assert ticket is not None
-    start = time.monotonic()
     one.record(ticket, FAIL, P, Suspensions(), 0)  # the origin gains a scope: news
-    wait_for(lambda: not two._mirror.healthy(ORIGIN), timeout=1)  # type: ignore[union-attr]
-    assert time.monotonic() - start < 0.1
+    wait_for(lambda: not two._mirror.healthy(ORIGIN))  # type: ignore[union-attr]
     again = one.admit(facts(one), P, 0).ticket
     assert again is not None
     one.record(again, FAIL, P, Suspensions(), 0)  # the threshold: open
@@ -153,17 +152,15 @@ def test_while_the_mirror_is_not_live_every_admission_asks_redis(
 
 
 def test_a_silent_subscription_is_found_lost_by_its_heartbeat(redis_server: RedisServer) -> None:
-    """Replies held back for longer than the heartbeat: the mirror stops vouching, though the connection stays open."""
+    """Replies held back for far longer than the heartbeat: the mirror stops vouching, though the connection stays open (and the replies would come at last)."""
     proxy = DelayProxy(redis_server)
     store = RedisStore(proxy.url, prefix=fresh_prefix(), retry_interval=3600)
     try:
         assert store._mirror is not None
-        store._mirror._heartbeat = 0.2
+        store._mirror._heartbeat = IN_TIME  # a busy machine's answers make it: never lost early
         live(store)
-        proxy.delay = 2.0
-        started = time.monotonic()
-        wait_for(lambda: store._mirror is not None and not store._mirror.live, timeout=3)
-        assert time.monotonic() - started < 1.0
+        proxy.delay = 30.0
+        wait_for(lambda: store._mirror is not None and not store._mirror.live)
     finally:
         proxy.delay = 0.0
         store.close()
@@ -207,9 +204,10 @@ def test_close_while_other_threads_admit_leaves_one_listener_at_most(redis_url: 
     thread.start()
     try:
         wait_for(lambda: store._mirror is not None and store._mirror._thread is not None)
-        started = time.monotonic()
+        assert store._mirror is not None
+        closed = store._mirror._thread
+        assert closed is not None
         store.close()
-        took = time.monotonic() - started
     finally:
         done.set()
         thread.join()
@@ -217,7 +215,7 @@ def test_close_while_other_threads_admit_leaves_one_listener_at_most(redis_url: 
         t for t in set(threading.enumerate()) - before if t.name == "sidestep-redis-mirror"
     ]
     store.close()
-    assert took < 1.0
+    wait_for(lambda: not closed.is_alive())  # it ends, whatever the admissions start
     assert len([t for t in listeners if t.is_alive()]) <= 1
     wait_for(lambda: not any(t.is_alive() for t in listeners))
 
@@ -229,7 +227,10 @@ def test_while_redis_refuses_writes_the_local_fallback_decides_not_the_mirror() 
     server = RedisServer()
     server.start()
     try:
-        store = live(RedisStore(server.url, prefix=fresh_prefix(), retry_interval=3600))
+        store = RedisStore(server.url, prefix=fresh_prefix(), retry_interval=3600)
+        assert store._mirror is not None
+        store._mirror._heartbeat = IN_TIME  # a busy machine's answers make it: never lost
+        live(store)
         admin = redis.Redis.from_url(server.url)
         admin.config_set("maxmemory-policy", "noeviction")
         admin.config_set("maxmemory", "1")
@@ -267,7 +268,7 @@ def test_clients_built_one_after_another_leave_no_listener_behind(
         new = set(threading.enumerate()) - before
         return sum(t.name == "sidestep-redis-mirror" for t in new)
 
-    wait_for(lambda: listeners() == 0, timeout=5)
+    wait_for(lambda: listeners() == 0)
 
 
 def test_origins_whose_scopes_expired_do_not_pile_up_in_the_mirror(

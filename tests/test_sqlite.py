@@ -32,7 +32,7 @@ from sidestep._failopen import LocalTicket
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
 from test_launcher import TESTS, environment
-from upstream import Respond, Upstream, wait_for
+from upstream import IN_TIME, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OTHER = "https://other.example:443"
@@ -122,6 +122,36 @@ def test_a_suspension_survives_a_restart_and_a_past_window_does_not(tmp_path: Pa
     assert restarted.admit(facts(restarted, origin=OTHER), P, 0).refusal is None
 
 
+def test_a_file_of_the_layout_before_the_routed_mark_keeps_its_scopes_spared_as_routes(
+    tmp_path: Path,
+) -> None:
+    """A file of layout 2 (no routed mark) is taken as it is: its scopes stay, each spared as a
+    route's, so unrouted traffic at max_scopes is not kept; a newer file is not touched again."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    unrouted = ScopeFacts(ORIGIN, {}, b"", store.fingerprint, path="/x")
+    ticket = store.admit(unrouted, P, 0).ticket
+    assert ticket is not None
+    store.record(ticket, FAIL, P, SUSPENSIONS, 0)
+    store.close()
+    with sqlite3.connect(path) as conn:  # as layout 2 had it
+        conn.execute("ALTER TABLE scopes DROP COLUMN routed")
+        conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    reopened = SqliteStore(path, max_scopes=1)
+    (kept,) = reopened.snapshot(0)
+    other = ScopeFacts(OTHER, {}, b"", reopened.fingerprint, path="/x")
+    ticket = reopened.admit(other, P, 0).ticket
+    assert ticket is not None
+    assert reopened.record(ticket, FAIL, P, SUSPENSIONS, 0) == ()
+    assert [s.scope_id for s in reopened.snapshot(0)] == [kept.scope_id]
+    reopened.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (3,)
+        assert conn.execute("SELECT routed FROM scopes").fetchall() == [(1,)]
+    conn.close()
+
+
 def test_the_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     """The file keeps the fingerprint key: the store creates it with mode 0600."""
     SqliteStore(tmp_path / "s.db")
@@ -170,7 +200,7 @@ def test_a_file_locked_past_the_timeout_fails_open_and_recovers(tmp_path: Path) 
         assert ticket is not None and not isinstance(ticket, LocalTicket)
         started = time.monotonic()
         store.record(ticket, FAIL, P, SUSPENSIONS, 1)  # a write: waits, then memory
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < IN_TIME  # its timeout, not until the holder commits
         assert not store.available
         assert isinstance(store.admit(facts(store), P, 1).ticket, LocalTicket)  # memory, no wait
         holder.execute("COMMIT")

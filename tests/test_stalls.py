@@ -1,8 +1,10 @@
 """Timeouts fail over at once, and `stall_timeout` bounds a body's silences: all four transports.
 
-Timing bounds are generous (a second or more above the limit under test) and
-each sits below what the behaviour without the rule would take: a second
-wait, or the client's own 10 s read timeout.
+Each timing bound sits at what the behaviour without the rule would take at
+the least — a second wait, or half the caller's own 60 s timeout — so a busy
+machine only makes a passing test slower. A limit that a healthy answer must
+also meet (the backup's first byte) is `IN_TIME`; one that only a silent
+upstream meets is short.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from typing import Any
 import pytest
 
 from drivers import MakeDriver, elapsed, route
-from upstream import Hang, HeadersThenHang, Respond, Seen, Stream, Upstream
+from upstream import IN_TIME, Hang, HeadersThenHang, Respond, Seen, Stream, Upstream
 
-CLIENT_TIMEOUT = 10.0  # the caller's own timeout: far above every limit under test
-FIRST_BYTE = 1.0
+CLIENT_TIMEOUT = 60.0  # the caller's own timeout: far above every limit under test
+FIRST_BYTE = IN_TIME  # the backup's answer meets it too
 
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
@@ -37,12 +39,12 @@ STREAMED = {"q": 1, "stream": True}  # a request body asking for a streamed answ
 def test_a_target_past_its_first_byte_timeout_is_not_retried_in_place(
     make: MakeDriver, a: Upstream, b: Upstream, silence: Callable[[Seen], Any]
 ) -> None:
-    """With two attempts per target allowed, a target silent past first_byte_timeout on a request that asks to stream is tried once and B answers within one timeout and a margin."""
+    """With two attempts per target allowed, a target silent past first_byte_timeout on a request that asks to stream is tried once, and B answers before a second wait could have ended."""
     a.behaviour = silence
     d = make(pair(a, b, failover={**RETRYING, "first_byte_timeout": FIRST_BYTE}))
     r, took = elapsed(lambda: d.post(a.url + "/v1/chat", json=STREAMED))
     assert (r.text, a.calls, b.calls) == ("b", 1, 1)
-    assert took < 1.9 * FIRST_BYTE  # a second wait on A would take 2 * FIRST_BYTE
+    assert took < 2 * FIRST_BYTE  # a second wait on A would end no sooner
 
 
 def test_a_connect_timeout_is_not_retried_in_place(make: MakeDriver, b: Upstream) -> None:
@@ -68,7 +70,7 @@ def test_a_connect_timeout_is_not_retried_in_place(make: MakeDriver, b: Upstream
         r, took = elapsed(lambda: d.post(dead + "/v1/x", json=STREAMED))
         assert r.text == "b"
         assert r.extensions["sidestep"]["attempts"] == 2  # one on A, one on B
-        assert took < 1.9 * FIRST_BYTE
+        assert took < 2 * FIRST_BYTE  # a second connect on A would end no sooner
     finally:
         for s in (*fillers, hole):
             s.close()
@@ -94,7 +96,7 @@ def test_a_503_is_still_retried_in_place(make: MakeDriver, a: Upstream, b: Upstr
     assert (r.text, a.calls, b.calls) == ("a", 2, 0)
 
 
-STALL = 0.5
+STALL = 0.5  # only A's stalls meet it: every chunk before them comes with the headers
 STALLED = [b"one ", b"two ", b"three ", b"four"]
 
 
@@ -107,14 +109,14 @@ def test_a_stream_stalled_while_buffered_fails_over_after_stall_timeout(
     d = make(config)
     r, took = elapsed(lambda: d.post(a.url + "/v1/chat", json={"q": 1}))
     assert (r.text, a.calls, b.calls) == ("b", 1, 1)
-    assert STALL * 0.9 <= took < STALL + 1.5
+    assert STALL * 0.9 <= took < CLIENT_TIMEOUT / 2
 
 
 def test_a_committed_stream_that_stalls_ends_with_a_read_timeout_after_stall_timeout(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
     """With commit: first_byte, the caller has two chunks, then its flavour's ReadTimeout after about stall_timeout; A's scope records the failure."""
-    a.behaviour = lambda _: Stream(STALLED, stall_after=2, delay=0.05)
+    a.behaviour = lambda _: Stream(STALLED, stall_after=2)
     config = pair(a, b, breaker={"failure_threshold": 1}, failover={"stall_timeout": STALL})
     d = make(config)
     got: list[bytes] = []
@@ -140,16 +142,16 @@ def test_a_committed_stall_is_reported_within_stall_timeout_not_the_callers_time
             d.stream("GET", a.url + "/v1/x", lambda _: None)
 
     _, took = elapsed(read)
-    assert STALL * 0.9 <= took < STALL + 2.0
+    assert STALL * 0.9 <= took < CLIENT_TIMEOUT / 2
 
 
 def test_a_slow_stream_within_stall_timeout_is_read_whole(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
-    """Chunks closer together than stall_timeout, however long the whole body takes, are never cut."""
-    chunks = [b"%d " % n for n in range(8)]
-    a.behaviour = lambda _: Stream(chunks, delay=STALL / 5)
-    d = make(pair(a, b, failover={"stall_timeout": STALL}))
+    """Chunks closer together than stall_timeout, however long the whole body takes (here longer than the limit), are never cut."""
+    chunks = [b"%d " % n for n in range(30)]  # 29 gaps of a twentieth of the limit
+    a.behaviour = lambda _: Stream(chunks, delay=IN_TIME / 20)
+    d = make(pair(a, b, failover={"stall_timeout": IN_TIME}))  # each gap meets it
     r = d.stream("GET", a.url + "/v1/x", lambda _: None)
     assert (r.body, b.calls) == (b"".join(chunks), 0)
 
@@ -166,7 +168,7 @@ def test_stall_timeout_configured_globally_bounds_unrouted_streams(
             d.stream("GET", a.url + "/x", lambda _: None)
 
     _, took = elapsed(read)
-    assert took < STALL + 2.0
+    assert took < CLIENT_TIMEOUT / 2
 
 
 def test_headers_then_silence_counts_as_a_stall_while_buffering(
@@ -178,7 +180,7 @@ def test_headers_then_silence_counts_as_a_stall_while_buffering(
     d = make(config)
     r, took = elapsed(lambda: d.get(a.url + "/v1/x"))
     assert (r.text, a.calls) == ("b", 1)
-    assert took < STALL + 1.5
+    assert took < CLIENT_TIMEOUT / 2
 
 
 @pytest.fixture

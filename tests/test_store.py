@@ -8,6 +8,7 @@ same fake clock drive the windows).
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,11 +19,11 @@ import pytest
 from redis_server import fresh_prefix
 from sidestep._circuit import State
 from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, FailureRate, Suspensions
+from sidestep._config import BreakerPolicy, FailureRate, SidestepConfigWarning, Suspensions
 from sidestep._redis import RedisStore
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._sqlite import SqliteStore
-from sidestep._store import MemoryStore, Ticket
+from sidestep._store import MemoryStore, Ticket, Transition
 
 ORIGIN = "https://api.example:443"
 FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)
@@ -466,6 +467,140 @@ def test_store_is_bounded(make_store: MakeStore) -> None:
         assert ticket is not None
         store.record(ticket, verdict, p, SUSPENSIONS, 0)
     assert len(store) == 50
+
+
+# -- max_scopes: what routes learned outlasts outside traffic -------------------------------
+# Every scope here is of one origin unless a test says otherwise, so that the cap is
+# the same on every store (on Redis Cluster it is per origin).
+
+ENDPOINT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ENDPOINT, failover=True)
+
+
+def routed(store: Store, model: str = "m", origin: str = ORIGIN) -> ScopeFacts:
+    """A routed request's facts: no path."""
+    return ScopeFacts(origin, {}, f'{{"model": "{model}"}}'.encode(), store.fingerprint)
+
+
+def unrouted(store: Store, path: str = "/x", origin: str = ORIGIN) -> ScopeFacts:
+    """An unrouted request's facts: its path is its endpoint."""
+    return ScopeFacts(origin, {}, b"", store.fingerprint, path=path)
+
+
+def record(
+    store: Store, f: ScopeFacts, verdict: Verdict, p: BreakerPolicy, now: float = 0
+) -> tuple[Transition, ...]:
+    ticket = store.admit(f, p, now).ticket
+    assert ticket is not None
+    return store.record(ticket, verdict, p, SUSPENSIONS, now)
+
+
+def opens(cooldown: float = 10) -> BreakerPolicy:
+    """A policy whose every failure opens its scope: the cap then finds no closed scope."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold 1
+        return policy(failure_threshold=1, cooldown=cooldown, max_cooldown=600)
+
+
+def kept(store: Store) -> dict[ScopeKey, State]:
+    return {s.scope: s.state for s in store.snapshot(0)}
+
+
+@pytest.mark.parametrize("outside", ["hosts", "paths"])
+def test_thousands_of_failing_unrouted_scopes_never_forget_a_routes_suspension(
+    make_store: MakeStore, outside: str
+) -> None:
+    """At max_scopes, 2,000 unrouted hosts (or paths of the route's own origin) that fail and
+    open forget one another's scopes, never the route's open one: it still refuses, and
+    no forgotten transition names it (Redis Cluster caps each origin: there hosts forget
+    nothing, paths as on the other stores)."""
+    cap, n = 50, 2000
+    store, p = make_store(max_scopes=cap), opens()
+    per_origin = isinstance(store, RedisStore) and store._cluster
+    record(store, routed(store), FAIL, p)
+    (route_scope,) = kept(store)
+    forgotten = []
+    for i in range(n):
+        if outside == "hosts":
+            host = f"http://10.0.{i // 250}.{i % 250}:80"
+            f, verdict = unrouted(store, origin=host), CONNECT_FAIL
+        else:
+            f, verdict = unrouted(store, path=f"/p{i}"), ENDPOINT_FAIL
+        transitions = record(store, f, verdict, p)
+        assert any(t.state is State.OPEN for t in transitions)  # every one was kept
+        forgotten += [t.scope for t in transitions if t.forgotten]
+    refusal = store.admit(routed(store), p, 1).refusal
+    assert refusal is not None and refusal.scope == route_scope
+    assert route_scope not in forgotten
+    if per_origin and outside == "hosts":
+        assert forgotten == []
+    else:
+        assert len(forgotten) == len(set(forgotten)) == n - (cap - 1)
+        assert len(store) == cap
+        assert kept(store)[route_scope] is State.OPEN
+
+
+def test_a_routes_new_scope_takes_the_place_of_unrouted_traffics(make_store: MakeStore) -> None:
+    """At max_scopes, a route's new scope forgets the oldest closed unrouted scope, then the
+    oldest open one (told as forgotten)."""
+    store, p, closing = make_store(max_scopes=3), opens(), policy()
+    record(store, unrouted(store, "/p0"), ENDPOINT_FAIL, p)  # open
+    record(store, unrouted(store, "/p1"), ENDPOINT_FAIL, closing)  # closed, one failure
+    record(store, unrouted(store, "/p2"), ENDPOINT_FAIL, opens(cooldown=20))  # open longer
+    p0, p1, p2 = (unrouted(store, f"/p{i}").key(ScopeKind.ENDPOINT) for i in range(3))
+    assert [t.forgotten for t in record(store, routed(store, "m1"), FAIL, p)] == [False]
+    assert set(kept(store)) == {p0, p2, routed(store, "m1").key(ScopeKind.MODEL)}
+    told = [t for t in record(store, routed(store, "m2"), FAIL, p) if t.forgotten]
+    assert [(t.scope, t.previous) for t in told] == [(p0, State.OPEN)]
+    assert p1 not in kept(store) and p2 in kept(store)
+
+
+def test_unrouted_traffic_finds_no_room_among_routes_scopes(make_store: MakeStore) -> None:
+    """With every place taken by scopes routes recorded on, an unrouted failure is not kept
+    (nothing forgotten, its host still admitted); a route's new scope forgets the oldest
+    closed routed scope, then the oldest open one."""
+    store, p, closing = make_store(max_scopes=2), opens(), policy()
+    record(store, routed(store, "m1"), FAIL, closing)  # closed, one failure
+    record(store, routed(store, "m2"), FAIL, p)  # open
+    m1, m2, m3, m4 = (routed(store, f"m{i}").key(ScopeKind.MODEL) for i in range(1, 5))
+    for i in range(20):
+        assert record(store, unrouted(store, f"/p{i}"), ENDPOINT_FAIL, p) == ()
+    assert kept(store) == {m1: State.CLOSED, m2: State.OPEN}
+    assert store.admit(unrouted(store, "/p0"), p, 1).ticket is not None
+    assert not any(t.forgotten for t in record(store, routed(store, "m3"), FAIL, opens(20)))
+    assert set(kept(store)) == {m2, m3}
+    told = [t for t in record(store, routed(store, "m4"), FAIL, p) if t.forgotten]
+    assert [(t.scope, t.previous) for t in told] == [(m2, State.OPEN)]
+    assert set(kept(store)) == {m3, m4}
+
+
+def test_a_scope_shared_with_a_route_is_spared_once_a_routed_request_records_on_it(
+    make_store: MakeStore,
+) -> None:
+    """An origin scope that unrouted traffic made is a route's once a routed request's failure
+    is recorded on it: unrouted traffic at max_scopes then forgets only its own scopes."""
+    store, p = make_store(max_scopes=2), policy()
+    origin = unrouted(store).key(ScopeKind.ORIGIN)
+    record(store, unrouted(store), CONNECT_FAIL, p)  # the origin's scope: one failure
+    record(store, routed(store), CONNECT_FAIL, p)  # now two, one of them a route's
+    record(store, unrouted(store, "/p0"), ENDPOINT_FAIL, p)
+    for i in range(1, 10):
+        record(store, unrouted(store, f"/p{i}"), ENDPOINT_FAIL, p)
+        assert set(kept(store)) == {origin, unrouted(store, f"/p{i}").key(ScopeKind.ENDPOINT)}
+    assert [s.failures for s in store.snapshot(0) if s.scope == origin] == [2]
+
+
+def test_an_unrouted_scope_a_route_never_recorded_on_is_forgotten_first(
+    make_store: MakeStore,
+) -> None:
+    """Without a routed request's result on it, the same origin scope is unrouted traffic's
+    like the others, and goes first at max_scopes, being the oldest."""
+    store, p = make_store(max_scopes=2), policy()
+    origin = unrouted(store).key(ScopeKind.ORIGIN)
+    record(store, unrouted(store), CONNECT_FAIL, p)
+    record(store, unrouted(store), CONNECT_FAIL, p)
+    record(store, unrouted(store, "/p0"), ENDPOINT_FAIL, p)
+    record(store, unrouted(store, "/p1"), ENDPOINT_FAIL, p)
+    assert origin not in kept(store)
 
 
 def test_healthy_admission_computes_no_key(make_store: MakeStore) -> None:

@@ -269,6 +269,83 @@ async def caller_timeouts(h: Any, w: World, o: Observer) -> None:
         await o.outcome("/fast from another client", other.get(w.a + "/fast"))
 
 
+@program("/slow")
+async def caller_timeouts_in_fresh_clients(h: Any, w: World, o: Observer) -> None:
+    """Five new clients in turn time out on one slow endpoint, each with its own short budget, before anything else is asked of the origin: its fast endpoints then answer."""
+    for n in range(5):
+        async with w.client() as c:
+            short = h.Timeout(5.0, read=0.05)  # a short read budget; connecting is not timed
+            slow = c.get(w.a + "/slow?hold=long", timeout=short)
+            await o.outcome(f"client {n}: /slow", slow, aside=True)
+    async with w.client() as other:
+        await o.outcome("/fast from another client", other.get(w.a + "/fast"))
+        await o.outcome("/public from it", other.get(w.a + "/public"))
+
+
+@program()
+async def server_errors_retried_by_the_caller(h: Any, w: World, o: Observer) -> None:
+    """An SDK-like retry loop gets through an endpoint that answers 500 four times, then 200; every 5xx comes back as it came, as often as asked."""
+    async with w.client() as c:
+        for n in range(6):
+            answer = await o.outcome(f"/recovers, try {n}", c.get(w.a + "/recovers"))
+            if answer is not None and answer.status_code < 500:
+                break
+        for code in (500, 502, 503, 504):
+            for n in range(4):
+                await o.outcome(f"status {code}, try {n}", c.get(f"{w.a}/status/{code}"))
+    async with w.client() as later:
+        await o.outcome("/recovers from a new client", later.get(w.a + "/recovers"))
+        await o.outcome("status 503 from a new client", later.get(w.a + "/status/503"))
+
+
+@program()
+async def doubles_beside_the_network(h: Any, w: World, o: Observer) -> None:
+    """A MockTransport answering 503 for an origin's URL, five times, then the network: each gets its own answers, neither learns from the other."""
+    seen: list[str] = []
+
+    def handler(request: Any) -> Any:
+        seen.append(request.url.path)
+        return h.Response(503, text="double says no")
+
+    async with w.client(transport=h.MockTransport(handler)) as double:
+        for n in range(5):
+            await o.outcome(f"double {n}", double.get(w.a + "/public"))
+    async with w.client() as network:
+        await o.outcome("network", network.get(w.a + "/public"))
+        await o.outcome("network, 503", network.get(w.a + "/status/503"))
+    async with w.client(transport=h.MockTransport(handler)) as again:
+        await o.outcome("double again", again.get(w.a + "/public"))
+    o.see("double saw", seen)
+
+
+def _forwarding(w: World, to: Any) -> Any:
+    """A transport of the run's kind that hands every request to another client's transport."""
+    if w.sync:
+
+        class Forward(w.h.BaseTransport):  # type: ignore[misc,name-defined]
+            def handle_request(self, request: Any) -> Any:
+                return to._transport.handle_request(request)
+
+        return Forward()
+
+    class AsyncForward(w.h.AsyncBaseTransport):  # type: ignore[misc,name-defined]
+        async def handle_async_request(self, request: Any) -> Any:
+            return await to._transport.handle_async_request(request)
+
+    return AsyncForward()
+
+
+@program()
+async def forwarding_to_another_client(h: Any, w: World, o: Observer) -> None:
+    """A client whose transport forwards to another client's: 5xx answers and successes come back through both as they came."""
+    async with w.client() as inner:
+        async with w.client(transport=_forwarding(w, inner.raw)) as outer:
+            for n in range(4):
+                await o.outcome(f"forwarded 503, try {n}", outer.get(w.a + "/status/503"))
+            await o.outcome("forwarded /public", outer.get(w.a + "/public"))
+        await o.outcome("inner /public", inner.get(w.a + "/public"))
+
+
 @program(aside=True)
 async def dead_explicit_proxy(h: Any, w: World, o: Observer) -> None:
     """A dead `proxy=` fails its own requests only: the origin stays reachable directly, by a mount, or a live proxy."""

@@ -21,7 +21,7 @@ import sidestep
 from drivers import FakeClock
 from sidestep.wsgi import SuspensionMiddleware
 from suspensions import assert_unavailable, suspension
-from upstream import Respond, Upstream
+from upstream import IN_TIME, Reset, Upstream
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
@@ -91,12 +91,14 @@ def test_streamed_response_headers_arrive_before_the_first_body_byte() -> None:
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        go.wait(2)  # the event comes once the caller has seen the headers
+        # the event comes once the caller has seen the headers; a caller waiting for the
+        # body before it returns them has timed out by then
+        go.wait(2 * IN_TIME)
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
     with (
         raw_server(long_poll) as url,
-        httpx.Client(timeout=1.0) as client,
+        httpx.Client(timeout=IN_TIME) as client,
         client.stream("GET", url + "/watch") as response,
     ):
         assert response.status_code == 200
@@ -112,12 +114,12 @@ async def test_async_streamed_response_headers_arrive_before_the_first_body_byte
     def long_poll(conn: socket.socket) -> None:
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        go.wait(2)
+        go.wait(2 * IN_TIME)
         conn.sendall(b"5\r\nhello\r\n0\r\n\r\n")
 
     with raw_server(long_poll) as url:
         async with (
-            httpx.AsyncClient(timeout=1.0) as client,
+            httpx.AsyncClient(timeout=IN_TIME) as client,
             client.stream("GET", url + "/watch") as response,
         ):
             assert response.status_code == 200
@@ -134,10 +136,10 @@ def test_a_long_poll_whose_caller_waits_for_headers_opens_no_circuit() -> None:
         gate = next(served)
         read_head(conn)
         conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
-        gate.wait(2)
+        gate.wait(2 * IN_TIME)  # past the caller's timeout, unless it has the headers by then
         conn.sendall(b"2\r\nok\r\n0\r\n\r\n")
 
-    with raw_server(long_poll) as url, httpx.Client(timeout=0.5) as client:
+    with raw_server(long_poll) as url, httpx.Client(timeout=IN_TIME) as client:
         for gate in gates:
             with client.stream("GET", url + "/events") as response:
                 gate.set()
@@ -217,18 +219,22 @@ def test_unrouted_multipart_file_upload_is_streamed_not_buffered() -> None:
 
 
 def test_failed_probe_on_a_known_failing_endpoint_reopens_the_origin(a: Upstream) -> None:
-    """A half-open origin's probe that fails reopens the origin, whichever endpoint it went to, so the next call is failed fast."""
-    a.behaviour = lambda seen: Respond(status=500)
+    """A half-open origin's probe that fails (a reset) reopens the origin, whichever endpoint it went to, so the next call is failed fast."""
+    a.behaviour = lambda seen: Reset()
     clock = FakeClock()
     config = {"breaker": {"failure_threshold": 3, "cooldown": 10, "half_open_probes": 1}}
     transport = sidestep.FailoverTransport(config, clock=clock)
     with httpx.Client(transport=transport, timeout=2.0) as client:
         for path in ("/a", "/b", "/c"):  # three different endpoints: the origin opens
-            assert client.get(a.url + path).status_code == 500
+            with pytest.raises(httpx.TransportError) as reset:
+                client.get(a.url + path)
+            assert not isinstance(reset.value, sidestep.AllCandidatesSuspended)
         with pytest.raises(sidestep.AllCandidatesSuspended):
             client.get(a.url + "/d")
         clock.advance(11)  # the window ends: one probe
-        assert client.get(a.url + "/a").status_code == 500
+        with pytest.raises(httpx.TransportError) as reset:
+            client.get(a.url + "/a")
+        assert not isinstance(reset.value, sidestep.AllCandidatesSuspended)
         calls = a.calls
         with pytest.raises(sidestep.AllCandidatesSuspended):
             client.get(a.url + "/b")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from ._config import Config, as_config
-from ._flavour import is_proxy
+from ._flavour import is_proxy, reaches_network
 from ._store import StateStore
 from ._store_config import build_store
 from ._transport import AsyncFailoverTransport, FailoverTransport, _Shell
@@ -82,6 +82,11 @@ class _Dispatch:
 
     def __repr__(self) -> str:
         return f"_Dispatch({type(self.own).__name__})"
+
+    @property
+    def transports(self) -> list[Any]:
+        """Every transport an attempt may take: the client's main one and its mounts'."""
+        return [self.main, *(t for _, t in self.mounts if t is not None)]
 
     def _for(self, url: Any) -> Any:
         # the same walk as the clients' own `_transport_for_url`
@@ -244,6 +249,11 @@ def _replaceable(transport: Any) -> bool:
     )
 
 
+def _original(transport: Any) -> Any:
+    """The transport install() put a shell over, or `transport` if it put none."""
+    return transport.inner.own if isinstance(transport, _Shell) else transport
+
+
 def _wrap(
     client: Any, shell: type[_Shell], config: Config, store: StateStore | None, *, explicit: bool
 ) -> None:
@@ -251,22 +261,30 @@ def _wrap(
     main: Any = client._transport
     mounts: dict[Any, Any] = client._mounts
     slots = [main, *(t for t in mounts.values() if t is not None)]
-    if any(isinstance(t, _Shell) for t in slots):
-        if not explicit or not all(_replaceable(t) for t in slots):
+    shells = [t for t in slots if isinstance(t, _Shell)]
+    if shells:
+        if not explicit or not all(_replaceable(t) for t in shells):
             return  # wrapped already
         # an explicit wrap() takes over from install(), or from an uninstalled
-        # pass-through: back to the originals first
-        for t in slots:
+        # pass-through: back to the originals first (install() left the slots that
+        # reach no network as they were)
+        for t in shells:
             _installed_shells.discard(t)
-        main = main.inner.own
-        mounts = {k: None if t is None else t.inner.own for k, t in mounts.items()}
+        main = _original(main)
+        mounts = {k: None if t is None else _original(t) for k, t in mounts.items()}
     store = store if store is not None else build_store(config.store)
     table = list(mounts.items())
 
-    def over(transport: Any) -> _Shell:
+    def over(transport: Any) -> Any:
+        if not explicit and not reaches_network(transport):
+            # install() breaks circuits for the network only: a test double, an in-process
+            # app, or a transport that cannot be told to reach the network is left as it
+            # is, never refused for what a circuit learned of the same URL elsewhere
+            return transport
         wrapped = shell(config, transport=_Dispatch(transport, main, table), store=store)
         if not explicit:
             _installed_shells.add(wrapped)
+            wrapped._core.only_the_network = True
         return wrapped
 
     client._mounts = {k: None if t is None else over(t) for k, t in mounts.items()}

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 import time
+import weakref
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import replace
 from operator import attrgetter, itemgetter
@@ -70,6 +72,22 @@ def _never(*args: Any) -> Any:
     return None  # not through a proxy; no look at an origin without admitting
 
 
+# Per store: the unrouted origins' endpoints that failed since the origin last answered
+# well (see `Verdicts._unrouted`), shared by every core over that store.
+_FAILING: weakref.WeakKeyDictionary[Any, dict[str, set[str]]] = weakref.WeakKeyDictionary()
+_FAILING_LOCK = threading.Lock()
+
+
+def _failing_for(store: Any) -> dict[str, set[str]]:
+    """The failing endpoints' memory of the cores over `store` (a core's own if the store
+    cannot be weakly referenced)."""
+    with _FAILING_LOCK:
+        try:
+            return _FAILING.setdefault(store, {})
+        except TypeError:
+            return {}
+
+
 class Core(Candidacy, Committing, Endings, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
 
@@ -102,6 +120,7 @@ class Core(Candidacy, Committing, Endings, Watching):
         self._exact = exact_deadlines
         self._blocking = self.store.blocking
         self._byte_stream = flavour.ByteStream
+        self._write_timeout: type[BaseException] = flavour.module.WriteTimeout
         self._fingerprint = self.store.fingerprint
         # The store's lock-free look at an origin, for the fast path (`decide`):
         # only a MemoryStore's, since only its admission is known to be that look.
@@ -119,13 +138,17 @@ class Core(Candidacy, Committing, Endings, Watching):
         # Whether an attempt to this URL goes through a proxy: set by the shell,
         # which knows its inner transports. A proxy that fails is not the upstream.
         self.via_proxy: Callable[[Any], bool] = _never
+        # Set by install(), which breaks circuits for the network only: an error a test's
+        # mock raised (respx, below the HTTP transport) then counts for nothing.
+        self.only_the_network = False
         # When the shell's transport was last closed, on this clock, and how many times it
         # was: a request in flight then (its latest attempt sent before) sends nothing more
         # through it. The count tells a close from a send the clock cannot order.
         self.closed_at = -math.inf
         self.closes = 0
-        # Unrouted origins: the endpoints that failed since the origin last answered well.
-        self._failing: dict[str, set[str]] = {}
+        # Unrouted origins: the endpoints that failed since the origin last answered well,
+        # one memory for every transport over the same store (every client install() wraps).
+        self._failing: dict[str, set[str]] = _failing_for(self.store)
         # Routes whose all-suspended episode was logged at WARNING already.
         self._quiet: dict[str | None, tuple[Any, ...]] = {}
         self._origins: dict[tuple[str, str, int | None], str] = {}
@@ -487,9 +510,8 @@ class Core(Candidacy, Committing, Endings, Watching):
             verdict = SUCCESS
         else:
             body = b""
-            routed = not run.endpoint
             stalled: BaseException | None = None
-            if c11n.needs_body(status) and (routed or self._custom_classifier):
+            if c11n.needs_body(status) and not run.endpoint:  # an unrouted answer is as it is
                 if stall is not None and not self._exact:
                     self._shrink_read(request, stall)  # each socket read of the error body
                 try:
@@ -511,7 +533,7 @@ class Core(Candidacy, Committing, Endings, Watching):
                 except BaseException:
                     yield Close(response)  # cancelled mid-read: the connection must not leak
                     raise
-            verdict = self._judge(run, request, ticket, status, response.headers, body, routed)
+            verdict = self._judge(run, request, ticket, status, response.headers, body)
             if stalled is not None:
                 # An error body that did not come in time: the verdict is still its
                 # status's (a 429 is a rate limit, a 403 without its explanation a 403),

@@ -64,6 +64,10 @@ class Circuit:
     reason: str | None = None
     probes: int = 0
     rate: tuple[Bucket, ...] = ()
+    # The store's mark, like `born`: a routed request's result was recorded on the
+    # scope, so making room for unrouted traffic never forgets it. Kept across its
+    # transitions, until it heals.
+    routed: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -183,6 +187,7 @@ def _open(c: Circuit, reason: str, window: float, now: float, next_gen: int) -> 
         retry_at=now + window,
         window=window,
         reason=reason,
+        routed=c.routed,
     )
 
 

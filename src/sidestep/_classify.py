@@ -32,6 +32,7 @@ __all__ = [
     "CLOSED_LOCALLY",
     "CONTEXT_OVERFLOW",
     "INVALID_CREDENTIAL",
+    "NOT_COUNTED",
     "QUOTA_EXHAUSTED",
     "RATE_LIMITED",
     "SUSPENSION_REASONS",
@@ -213,6 +214,16 @@ it without asking a replacement classifier: it is a fact, not a judgement of
 the upstream.
 """
 
+NOT_COUNTED = Verdict(Kind.NEUTRAL, None, None, failover=False)
+"""The verdict on an attempt whose failure says nothing of the upstream.
+
+An unrouted request's write timeout (the caller chose that budget; a host that
+stops answering shows as a read timeout or a connect failure, which do count),
+or, under install(), an error a test's mock raised in the network's place.
+Neither counts nor resets, and moves on to nothing: raised as it came. The
+core gives it without asking a replacement classifier.
+"""
+
 
 def needs_body(status: int) -> bool:
     """Whether the body of a response with `status` may change its verdict."""
@@ -276,13 +287,16 @@ def classify(x: Exchange) -> Verdict:
         if status in _RETRY_AFTER_STATUSES
         else None
     )
+    if not x.routed:
+        # Unrouted traffic is the caller's own: every 4xx and 5xx goes back as it
+        # came (its auth flow, token refresh, retries or Retry-After handling stay
+        # in charge; a fast answer failed fast would save the caller nothing).
+        return Verdict(Kind.NEUTRAL, CLIENT_ERROR, None, failover=False, status=status)
     if status == 408 or (500 <= status < 600 and status not in _REQUEST_FAULT_5XX):
         return Verdict(Kind.FAILURE, UNAVAILABLE, ScopeKind.MODEL, True, retry_after, status)
-    if not x.routed or (status in _CHALLENGE_STATUSES and not x.credentialed):
-        # Unrouted traffic is the caller's own: every 4xx goes back as it came
-        # (its auth flow, token refresh or Retry-After handling stays in
-        # charge). A 401/403 to a request without a credential is a challenge,
-        # not a verdict on one.
+    if status in _CHALLENGE_STATUSES and not x.credentialed:
+        # A 401/403 to a request without a credential is a challenge, not a
+        # verdict on one.
         return Verdict(Kind.NEUTRAL, CLIENT_ERROR, None, failover=False, status=status)
     if status == 401:
         return Verdict(Kind.SUSPEND, INVALID_CREDENTIAL, ScopeKind.CREDENTIAL, True, None, status)

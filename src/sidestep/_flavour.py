@@ -122,9 +122,57 @@ def closed_locally(exc: BaseException) -> bool:
     return False
 
 
+def raised_by_a_mock(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from, came out of respx: a mock
+    standing in for the network below an HTTP transport (it patches httpcore's pools or
+    the client's transport look-up), whose errors say nothing of any upstream."""
+    cause: BaseException | None = exc
+    for _ in range(_CAUSES):
+        if cause is None:
+            return False
+        tb = cause.__traceback__
+        while tb is not None:
+            module = tb.tb_frame.f_globals.get("__name__", "")
+            if module == "respx" or module.startswith("respx."):
+                return True
+            tb = tb.tb_next
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def reaches_network(transport: Any, depth: int = 3) -> bool:
+    """Whether `transport` sends over the network: an HTTP transport of httpx or httpx2
+    (or a subclass), an aiohttp transport of the SDKs (``httpx_aiohttp``), or a wrapper
+    over one of them (retries, tracing, caching: found through the attribute it keeps
+    its transport in). A test double, an in-process app and whatever else cannot be told
+    to reach the network do not."""
+    for cls in type(transport).__mro__:
+        name, module = cls.__name__, cls.__module__
+        if name in _NETWORK_TRANSPORTS and module.partition(".")[0] in _FLAVOURS:
+            return True
+        if name == "AiohttpTransport" and "httpx_aiohttp" in module:
+            return True
+    if depth:
+        for attribute in _WRAPPED:
+            try:
+                inner = getattr(transport, attribute, None)
+            except Exception:  # noqa: S112  # a property of someone else's that fails
+                continue
+            if inner is not None and inner is not transport and reaches_network(inner, depth - 1):
+                return True
+    return False
+
+
 def is_proxy(transport: Any) -> bool:
     """Whether `transport` (an httpx or httpx2 HTTP transport) sends through a proxy."""
     return type(getattr(transport, "_pool", None)).__name__ in _PROXY_POOLS
+
+
+_NETWORK_TRANSPORTS = frozenset({"HTTPTransport", "AsyncHTTPTransport"})
+_FLAVOURS = frozenset({"httpx", "httpx2"})
+# where wrapper transports keep the transport they send through (OpenTelemetry's, hishel's:
+# `_transport`; httpx-retries': `_sync_transport`/`_async_transport`)
+_WRAPPED = ("_transport", "transport", "_sync_transport", "_async_transport", "_wrapped")
 
 
 def _multipart_stream(module: ModuleType) -> type[Any]:

@@ -118,9 +118,11 @@ class RedisStore:
         ttl: seconds a key outlives the last change to its scope (a closed
             scope's failure count, an open scope past its window, an origin's
             bookkeeping): after healing, nothing stays behind longer.
-        max_scopes: the most scopes kept; past it the one closest to
-            expiring is forgotten. On Redis Cluster, the most kept per origin
-            (a store-wide count would be a key every call touches).
+        max_scopes: the most scopes kept; past it, unrouted traffic's scope
+            closest to expiring is forgotten, and one a routed request recorded
+            a result on only for another route's (as in `MemoryStore`). On Redis
+            Cluster, the most kept per origin (a store-wide count would be a key
+            every call touches).
         retry_interval: while Redis is down, try it again at most this often
             (one caller tries; the others stay on memory until it knows).
         mirror: keep a mirror of the origins with unhealthy scopes, followed

@@ -215,7 +215,7 @@ class Calls:
                 return ()
         call = self._record_call(ticket, keys, now)
         if keys:
-            call.args.extend(_verdict_args(verdict, policy, suspensions))
+            call.args.extend(_verdict_args(verdict, policy, suspensions, ticket.facts.routed))
         sent = time.monotonic()  # before the script may forget a scope
         _, sick, changes, seq, dropped = yield call
         self._note(origin, sick, int(seq))
@@ -394,7 +394,9 @@ def _forgotten(dropped: list[Any], sent: float) -> tuple[Transition, ...]:
     )
 
 
-def _verdict_args(verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensions) -> list[str]:
+def _verdict_args(
+    verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensions, routed: bool
+) -> list[str]:
     window = suspensions.window(verdict.reason or "") if verdict.kind is Kind.SUSPEND else None
     rate = policy.failure_rate
     return [
@@ -413,6 +415,7 @@ def _verdict_args(verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensi
         _opt(rate.window if rate else None),
         _opt(rate.minimum_calls if rate else None),
         str(circuit.RATE_BUCKETS),
+        "1" if routed else "0",  # a route's verdict: the cap spares what it records on
     ]
 
 

@@ -24,6 +24,11 @@ it there (hashes only: no model, path or credential is part of a key's name):
   ``<origin hash>:<scope_id>``, scored by expiry, for the store-wide cap and
   one-call views. Redis Cluster has no key that every call touches: the cap
   is per origin and the views go origin by origin (``oh`` given).
+- ``P:u`` (one Redis; on Redis Cluster ``B:u``, the origin's) — the scopes of
+  unrouted traffic alone, as in ``P:i`` (``B:o``): those no routed request
+  recorded a result on. Making room forgets them first, and only a route's new
+  scope forgets one that is not among them. A scope written before this set
+  was kept is not in it: it is spared as a route's.
 
 Each time an origin gains a scope or loses one, the script publishes
 ``<origin hash> <1 if it has any left, else 0> <step of its sequence>`` on
@@ -152,10 +157,23 @@ local function retime(key)  -- a sorted set lives as long as its longest-lived m
   if #top == 0 then return end
   if top[2] == 'inf' then redis.call('PERSIST', key) else redis.call('PEXPIREAT', key, top[2]) end
 end
--- The sorted sets a scope is in: its origin's, and the store-wide index if kept.
+-- Unrouted traffic's scopes (see make_room): store-wide beside the index, else the
+-- origin's; a member is named as in the index, else as in the origin's set.
+local function ukey(oh)
+  if IDX then return P .. ':u' end
+  return base(oh) .. ':u'
+end
+local function umember(oh, sid)
+  if IDX then return member(oh, sid) end
+  return sid
+end
+-- The sorted sets a scope is in: its origin's, the store-wide index if kept, and
+-- unrouted traffic's while it is one of them.
 local function sets(oh, sid)
   local out = {{okey(oh), sid}}
   if IDX then out[2] = {IDX, member(oh, sid)} end
+  local u, m = ukey(oh), umember(oh, sid)
+  if redis.call('ZSCORE', u, m) then out[#out + 1] = {u, m} end
   return out
 end
 local function place(sid, oh, life)
@@ -192,27 +210,42 @@ local function forget(sid, oh)
   redis.call('SET', fkey(oh), s, 'PX', int(TTL))
   announce(oh)
 end
--- Past the cap, the scope closest to expiring goes: of the whole store when it
--- keeps the index, else of the origin. One that was open or half-open is told
--- (DROPPED: its id, key parts, state, reason and failures), for the caller's events.
+-- Past the cap, a scope goes: of the whole store when it keeps the index, else of
+-- the origin. The one of unrouted traffic closest to expiring; when none is left, for
+-- a route's new scope (ROUTED) only, the route's closest to expiring. Unrouted traffic
+-- never makes room with a route's scope: its new scope is not kept then (false). One
+-- that was open or half-open is told (DROPPED: its id, key parts, state, reason and
+-- failures), for the caller's events.
 local DROPPED = {}
+local ROUTED = false
 local function make_room(oh)
-  local z = IDX or okey(oh)
+  local z, u = IDX or okey(oh), ukey(oh)  -- their members are named alike
   redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. int(real))
-  if redis.call('ZCARD', z) < MAX then return end
-  local victim = redis.call('ZRANGE', z, 0, 0)[1]
-  local voh, sid = oh, victim
-  if IDX then voh, sid = split(victim) end
-  bump(voh)
-  if redis.call('EXISTS', skey(voh, sid)) == 1 then
-    local v = redis.call('HMGET', skey(voh, sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f')
-    if v[1] and v[5] and v[5] ~= 'closed' then
-      DROPPED[#DROPPED + 1] = {sid, v[1], v[2], v[3] or '', v[4] or '', v[5], v[6] or '',
-                               v[7] or '0'}
+  if redis.call('ZCARD', z) < MAX then return true end
+  redis.call('ZREMRANGEBYSCORE', u, '-inf', '(' .. int(real))
+  while true do
+    local victim = redis.call('ZRANGE', u, 0, 0)[1]
+    if not victim then
+      if not ROUTED then return false end
+      victim = redis.call('ZRANGE', z, 0, 0)[1]
     end
-    forget(sid, voh)
-  else
-    redis.call('ZREM', z, victim)
+    local voh, sid = oh, victim
+    if IDX then voh, sid = split(victim) end
+    bump(voh)
+    if redis.call('EXISTS', skey(voh, sid)) == 1 then
+      local v = redis.call('HMGET', skey(voh, sid), 'k', 'o', 'c', 'm', 'st', 'rs', 'f')
+      if v[1] and v[5] and v[5] ~= 'closed' then
+        DROPPED[#DROPPED + 1] = {sid, v[1], v[2], v[3] or '', v[4] or '', v[5], v[6] or '',
+                                 v[7] or '0'}
+      end
+      forget(sid, voh)
+      return true
+    end
+    -- a member whose scope is gone (forgotten by an earlier script): dropped; on to the
+    -- next unless that took it out of the count
+    local counted = redis.call('ZREM', z, victim)
+    redis.call('ZREM', u, victim)
+    if counted == 1 then return true end
   end
 end
 -- the state machine (_circuit.py) ----------------------------------------------------------
@@ -372,19 +405,26 @@ local function current(oh, ticket_seq, seen, c)
   return c == nil or c.g == c.b
 end
 
+-- Keep a scope's circuit (forgotten once healthy); false when it is unrouted traffic's
+-- new scope and no room is made for it.
 local function put(key, oh, before, after)
   if healthy(after) then
     if before then forget(key.sid, oh) end
-    return
+    return true
   end
   if not before then
-    make_room(oh)
+    if not make_room(oh) then return false end
     redis.call('HSET', skey(oh, key.sid), 'k', key.kind, 'o', key.origin, 'c', key.credential,
                'm', key.model, 'oh', oh)
+    -- unrouted traffic's: scored as it is placed below
+    if not ROUTED then redis.call('ZADD', ukey(oh), '+inf', umember(oh, key.sid)) end
+  elseif ROUTED then
+    redis.call('ZREM', ukey(oh), umember(oh, key.sid))  -- a route's now: spared by the cap
   end
   save(oh, key.sid, after)
   place(key.sid, oh, lifetime(after))
   if not before then announce(oh) end
+  return true
 end
 
 local function apply(i, key, oh, ticket_seq)
@@ -403,7 +443,7 @@ local function apply(i, key, oh, ticket_seq)
   else after = on_suspension(c, gen) end
   if after == before then return nil end
   if after.g == gen or (healthy(after) and c.st ~= 'closed') then bump(oh) end
-  put(key, oh, before, after)
+  if not put(key, oh, before, after) then return nil end
   local previous = 'closed'
   if before then previous = before.st end
   if after.st == previous then return nil end
@@ -438,6 +478,7 @@ if op == 'record' then
     INITIAL, MAXIMUM = tonumber(arg()), tonumber(arg())
     local threshold, window = tonumber(arg()), tonumber(arg())
     local minimum, buckets_n = tonumber(arg()), tonumber(arg())
+    ROUTED = arg() == '1'  -- a routed request's verdict
     if threshold then
       RATE = {threshold = threshold, window = window, minimum = minimum, buckets = buckets_n}
       FLOOR = window * 1000

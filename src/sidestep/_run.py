@@ -154,6 +154,8 @@ class CoreState:
     _exact: bool
     _blocking: bool
     _byte_stream: Any
+    _write_timeout: type[BaseException]
+    only_the_network: bool
     _fingerprint: Fingerprinter
     _failing: dict[str, set[str]]
     _quiet: dict[str | None, tuple[Any, ...]]

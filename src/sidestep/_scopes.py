@@ -277,6 +277,12 @@ class ScopeFacts:
         return f"ScopeFacts(origin={self.origin!r})"
 
     @property
+    def routed(self) -> bool:
+        """Whether the request matched a route: only an unrouted request's facts carry
+        its path (its endpoint), never empty."""
+        return not self._path
+
+    @property
     def model(self) -> str:
         if self._model is None:
             self._model = (model_of(self._body) if self._body else None) or ""

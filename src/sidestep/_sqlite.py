@@ -75,8 +75,9 @@ class SqliteStore(FileView):
             within this time.
         ttl: seconds an open scope is kept past the end of its window by a
             store opening the file: a restart forgets windows long past.
-        max_scopes: the most scopes kept; past it the oldest closed (else the
-            oldest) scope is forgotten.
+        max_scopes: the most scopes kept; past it, as in `MemoryStore`, unrouted
+            traffic's oldest closed (else oldest) scope is forgotten, and one a
+            routed request recorded a result on only for another route's.
         retry_interval: while the file is away, try it again at most this often.
 
     A file that cannot be opened or written, stays locked past ``timeout``,

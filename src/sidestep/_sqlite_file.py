@@ -45,18 +45,21 @@ __all__ = [
     "take_key",
 ]
 
-LAYOUT = 2  # PRAGMA user_version of the tables below
+LAYOUT = 3  # PRAGMA user_version of the tables below
 KEEP_TOMBSTONES = 65_536  # changes a tombstone outlives
 PRUNE_EVERY = 1024  # changes between two prunings
 _ALL_SCOPES = (
     "SELECT key, kind, origin, credential, detail, state, failures, generation, born,"
-    " retry_at, window, reason, rate, probes, lease_end FROM scopes ORDER BY born, key"
+    " retry_at, window, reason, rate, probes, lease_end, routed FROM scopes ORDER BY born, key"
 )
 _SCOPES_SINCE = (
     "SELECT key, kind, origin, credential, detail, state, failures, generation, born,"
-    " retry_at, window, reason, rate, probes, lease_end FROM scopes WHERE change > ?"
+    " retry_at, window, reason, rate, probes, lease_end, routed FROM scopes WHERE change > ?"
     " ORDER BY born, key"
 )
+# A routed request recorded a result on the scope (`Circuit.routed`). Last, so that a
+# table of layout 2 given it (`connect`) has its columns in the same order.
+_ROUTED = "routed INTEGER NOT NULL DEFAULT 1"
 _TABLES = (
     "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS counters (id INTEGER PRIMARY KEY CHECK (id = 0),"
@@ -67,7 +70,7 @@ _TABLES = (
     " state TEXT NOT NULL, failures INTEGER NOT NULL, generation INTEGER NOT NULL,"
     " born INTEGER NOT NULL, retry_at REAL NOT NULL, window REAL NOT NULL, reason TEXT,"
     " rate TEXT NOT NULL, probes INTEGER NOT NULL, lease_end REAL NOT NULL,"
-    " change INTEGER NOT NULL)",
+    f" change INTEGER NOT NULL, {_ROUTED})",
     "CREATE INDEX IF NOT EXISTS scopes_by_change ON scopes (change)",
     "CREATE TABLE IF NOT EXISTS gone (key TEXT PRIMARY KEY, kind TEXT NOT NULL,"
     " origin TEXT NOT NULL, credential TEXT NOT NULL, detail TEXT NOT NULL,"
@@ -112,10 +115,15 @@ def connect(path: str, timeout: float, forget_before: float) -> sqlite3.Connecti
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=NORMAL")
         with immediate(conn):
-            if conn.execute("PRAGMA user_version").fetchone()[0] != LAYOUT:
+            layout = conn.execute("PRAGMA user_version").fetchone()[0]
+            if layout == 2:
+                # Layout 2 had no routed mark: its scopes stay, each taken for a route's,
+                # as nothing tells which traffic they were recorded for.
+                conn.execute(f"ALTER TABLE scopes ADD COLUMN {_ROUTED}")
+            elif layout != LAYOUT:
                 for table in _OLD_TABLES:
                     conn.execute(f"DROP TABLE IF EXISTS {table}")
-                conn.execute(f"PRAGMA user_version = {LAYOUT}")
+            conn.execute(f"PRAGMA user_version = {LAYOUT}")
             for statement in _TABLES:
                 conn.execute(statement)
             _forget_ended(conn, forget_before)
@@ -245,8 +253,8 @@ class Writer:
             return 0.0
         ends = lease_end(conn, key, c.generation) if c.probes else 0.0
         conn.execute(
-            "INSERT OR REPLACE INTO scopes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (*_row(key, c), ends, self.change),
+            "INSERT OR REPLACE INTO scopes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            (*_row(key, c), ends, self.change, int(c.routed)),
         )
         return ends
 
@@ -350,6 +358,7 @@ def _circuit(row: Row) -> tuple[ScopeKey, Circuit, float]:
         rate,
         probes,
         ends,
+        routed,
     ) = row
     buckets = tuple(Bucket(*(int(n) for n in part.split(":"))) for part in rate.split(";") if part)
     c = Circuit(
@@ -362,5 +371,6 @@ def _circuit(row: Row) -> tuple[ScopeKey, Circuit, float]:
         reason=reason,
         probes=probes,
         rate=buckets,
+        routed=bool(routed),
     )
     return _key(kind, origin, credential, detail), c, ends

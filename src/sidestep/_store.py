@@ -7,6 +7,8 @@ nothing, whether an admission or a verdict would change a scope at all.
 
 Only unhealthy scopes are kept. While an origin has none, admission is one
 dictionary look-up: the request's model and credential are never worked out.
+They are bounded (`max_scopes`): room is made by forgetting unrouted traffic's
+scopes first, and never a route's for unrouted traffic (`_evict`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from . import _circuit as circuit
@@ -67,9 +69,13 @@ class MemoryStore:
     """Circuit state in this process: thread-safe, bounded, keeping only unhealthy scopes.
 
     Args:
-        max_scopes: the most scopes kept; past it the oldest closed (else the
-            oldest) scope is forgotten. Forgetting one that is open or
-            half-open is among the transitions `record` returns (`forgotten`).
+        max_scopes: the most scopes kept. Past it, a new scope takes the place of
+            the oldest closed scope of unrouted traffic (else of its oldest); a
+            scope a routed request recorded a result on gives its place only to
+            another route's, once no scope of unrouted traffic is left (the oldest
+            closed, else the oldest), and a new scope of unrouted traffic that finds
+            no place is not kept. Forgetting one that is open or half-open is among
+            the transitions `record` returns (`forgotten`).
         fingerprint_key: the key for credential fingerprints (random if None).
     """
 
@@ -285,7 +291,8 @@ class MemoryStore:
         if change is None:
             return None
         before, after, self._seq = change
-        self._put(key, before, after)
+        if not self._put(key, before, after):
+            return None  # unrouted traffic's new scope, with no room left for it
         previous = before.state if before is not None else State.CLOSED
         return _transition(key, after, previous, now) if after.state is not previous else None
 
@@ -326,6 +333,8 @@ class MemoryStore:
             return None
         if after.generation == next_gen or (after.healthy and c.state is not State.CLOSED):
             seq += 1
+        if not after.routed and ticket.facts.routed and not after.healthy:
+            after = replace(after, routed=True)  # a route's now: room for others never takes it
         return before, after, seq
 
     def _current(self, ticket: Ticket, key: ScopeKey, c: Circuit | None) -> bool:
@@ -361,20 +370,23 @@ class MemoryStore:
 
     # -- bookkeeping ----------------------------------------------------------
 
-    def _put(self, key: ScopeKey, before: Circuit | None, after: Circuit) -> None:
+    def _put(self, key: ScopeKey, before: Circuit | None, after: Circuit) -> bool:
+        """Keep `after` for `key`, or forget the scope once healthy; False when it is a new
+        scope of unrouted traffic and no room can be made for it (`_evict`)."""
         entries, origins = self._state.entries, self._state.origins
         if after.healthy:
             if before is not None:
                 self._forget(key)
-            return
+            return True
         if before is None:
-            if len(entries) >= self._max:
-                self._evict()
+            if len(entries) >= self._max and not self._evict(after.routed):
+                return False
             kept = origins.setdefault(key.origin, _Origin())
             kept.unhealthy += 1
             if key.kind is ScopeKind.ORIGIN:
                 kept.key = key  # the very key of the entry: found by identity
         entries[key] = after
+        return True
 
     def _forget(self, key: ScopeKey) -> None:
         del self._state.entries[key]
@@ -384,12 +396,31 @@ class MemoryStore:
         if len(self._state.origins) > self._max:
             self._prune_origins()
 
-    def _evict(self) -> None:
+    def _evict(self, routed: bool) -> bool:
+        """Make room for a new scope (`routed`: a route's): forget the oldest closed scope
+        of unrouted traffic, else its oldest; for a route's new scope only, when none is
+        left, the oldest closed scope of a route, else the oldest. False when there is
+        none to forget: unrouted traffic never makes room by forgetting a route's scope."""
         entries = self._state.entries
-        victim = next((k for k, c in entries.items() if c.state is State.CLOSED), None)
-        if victim is None:  # every scope kept is suspended: the oldest goes, and is told
-            victim = next(iter(entries))
-            c = entries[victim]
+        victim: ScopeKey | None = None
+        spare = closed = oldest = victim
+        for k, c in entries.items():  # one pass, oldest first
+            if not c.routed:
+                if c.state is State.CLOSED:
+                    victim = k
+                    break
+                if spare is None:
+                    spare = k
+            elif routed and closed is None:
+                if oldest is None:
+                    oldest = k
+                if c.state is State.CLOSED:
+                    closed = k
+        victim = victim or spare or closed or oldest
+        if victim is None:
+            return False
+        c = entries[victim]
+        if c.state is not State.CLOSED:  # a suspended scope goes: it is told
             self._dropped.append(
                 Transition(
                     victim,
@@ -404,6 +435,7 @@ class MemoryStore:
             )
         self._seq += 1
         self._forget(victim)
+        return True
 
     def _prune_origins(self) -> None:
         origins = self._state.origins

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
 import anyio
@@ -32,6 +33,11 @@ _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout
 _NO_ANSWER = "sidestep: no answer within the request's deadline"
 _STALLED = "sidestep: the body stalled for longer than stall_timeout"
 _OUT_OF_TIME = "sidestep: total_timeout ran out while the body was read"
+# The request a shell is sending in this context (thread or task), with the shell's
+# configuration: a shell further in with the same configuration (a transport that
+# forwards to another client's) passes that very request straight on, so no request is
+# counted, retried or failed over twice. Nothing is written on the request itself.
+_SENDING: ContextVar[tuple[Any, Config] | None] = ContextVar("sidestep_sending", default=None)
 
 
 class _Shell:
@@ -59,6 +65,10 @@ class _Shell:
             via_proxy = _always
         if via_proxy is not None:
             self._core.via_proxy = via_proxy
+        # Whether the inner transport may hand a request on to another client's (whose
+        # shell must then know this one handles it): not when it is httpx's own network,
+        # mock or in-process app transport, which send it nowhere else.
+        self._forwards = not _terminal(self._inner)
         # False turns this transport into a plain pass-through to the inner one
         # (what `uninstall()` does to clients it had wrapped).
         self.active = True
@@ -71,6 +81,12 @@ class _Shell:
     def inner(self) -> Any:
         """The transport that does the I/O."""
         return self._inner
+
+    def _sent_further_out(self, request: Any, sending: tuple[Any, Config]) -> bool:
+        """Whether the shell further out sending `sending` (in this context), of the same
+        configuration, is sending this very request: it handles it, this passes it on."""
+        config = self._core.config
+        return sending[0] is request and (sending[1] is config or sending[1] == config)
 
     def _default_transport(self) -> Any:
         raise NotImplementedError
@@ -117,18 +133,29 @@ class _SyncShell(_Shell):
         return self._flavour.module.HTTPTransport()
 
     def handle_request(self, request: Any) -> Any:
-        if not self.active:
+        sending = _SENDING.get()
+        if not self.active or (sending is not None and self._sent_further_out(request, sending)):
             return self._inner.handle_request(request)
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return self._drive(core.handle(request, ready))
         try:  # the fast path: the core decided, this sends, the core settles
-            response = self._inner.handle_request(ready[0])
+            if self._forwards:
+                response = self._send(ready[0])
+            else:
+                response = self._inner.handle_request(ready[0])
         except BaseException as exc:  # the core decides what every failure means
             return self._drive(core.resume(ready, exc))
         answer = core.settle(ready, response)
         return self._drive(core.resume(ready, response)) if answer is None else answer
+
+    def _send(self, request: Any) -> Any:
+        token = _SENDING.set((request, self._core.config))
+        try:
+            return self._inner.handle_request(request)
+        finally:
+            _SENDING.reset(token)
 
     def close(self) -> None:
         self._closing()
@@ -161,7 +188,10 @@ class _SyncShell(_Shell):
             value, error = None, None
             try:
                 if type(effect) is Send:  # the common effect, inline
-                    value = self._inner.handle_request(effect.request)
+                    if self._forwards:
+                        value = self._send(effect.request)
+                    else:
+                        value = self._inner.handle_request(effect.request)
                 else:
                     value = self._perform(effect)
             except BaseException as exc:  # the core decides what every failure means
@@ -253,18 +283,34 @@ class _AsyncShell(_Shell):
         return self._flavour.module.AsyncHTTPTransport()
 
     async def handle_async_request(self, request: Any) -> Any:
-        if not self.active:
+        sending = _SENDING.get()
+        if not self.active or (sending is not None and self._sent_further_out(request, sending)):
             return await self._inner.handle_async_request(request)
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision
             return await self._drive(core.handle(request, ready))
-        try:  # the fast path: the core decided, this sends, the core settles
+        # the fast path: the core decided, this sends (inline: no coroutine), the core settles
+        token = _SENDING.set((ready[0], core.config)) if self._forwards else None
+        try:
             response = await self._inner.handle_async_request(ready[0])
         except BaseException as exc:  # the core decides; cancellation comes back out
+            if token is not None:
+                _SENDING.reset(token)
             return await self._drive(core.resume(ready, exc))
+        if token is not None:
+            _SENDING.reset(token)
         answer = core.settle(ready, response)
         return await self._drive(core.resume(ready, response)) if answer is None else answer
+
+    async def _send(self, request: Any) -> Any:
+        if not self._forwards:
+            return await self._inner.handle_async_request(request)
+        token = _SENDING.set((request, self._core.config))
+        try:
+            return await self._inner.handle_async_request(request)
+        finally:
+            _SENDING.reset(token)
 
     async def aclose(self) -> None:
         self._closing(current_token())
@@ -311,7 +357,10 @@ class _AsyncShell(_Shell):
             try:
                 if type(effect) is Send and effect.deadline is None:
                     # the common effect, inline: no coroutine, no deadline scope
-                    value = await self._inner.handle_async_request(effect.request)
+                    if self._forwards:
+                        value = await self._send(effect.request)
+                    else:
+                        value = await self._inner.handle_async_request(effect.request)
                 else:
                     value = await self._perform(effect)
             except BaseException as exc:  # the core decides; cancellation comes back out
@@ -323,7 +372,7 @@ class _AsyncShell(_Shell):
             # A little grace, so the transport's own typed errors (a connect or pool
             # timeout, shrunk to the same limit) come first and keep their meaning.
             with self._deadline(effect.deadline, effect.request, _TYPED_FIRST):
-                return await self._inner.handle_async_request(effect.request)
+                return await self._send(effect.request)
         if kind is Read:
             return await self._read(effect)
         if kind is Close:
@@ -477,6 +526,20 @@ _NO_DEADLINE = _NoDeadline()
 
 def _no_deadline() -> _NoDeadline:
     return _NO_DEADLINE
+
+
+_TERMINAL = frozenset(
+    {"HTTPTransport", "AsyncHTTPTransport", "MockTransport", "ASGITransport", "WSGITransport"}
+)
+
+
+def _terminal(transport: Any) -> bool:
+    """Whether `transport` is exactly one of httpx's or httpx2's own transports (not a
+    subclass, which could do anything), or a wrapped client's dispatch over only those."""
+    cls = type(transport)
+    if isinstance(getattr(cls, "transports", None), property):  # a wrapped client's dispatch
+        return all(_terminal(t) for t in transport.transports)
+    return cls.__name__ in _TERMINAL and cls.__module__.partition(".")[0] in ("httpx", "httpx2")
 
 
 def _always(url: Any) -> bool:

@@ -18,6 +18,7 @@ from ._circuit import State
 from ._classify import ErrorKind, Exchange, Kind, Verdict
 from ._config import FailoverPolicy
 from ._effects import Call
+from ._flavour import raised_by_a_mock
 from ._routes import CompiledTarget
 from ._run import SUCCESS, CoreState, Outcome, Run, remember, skip_status
 from ._scopes import ScopeKind
@@ -39,6 +40,9 @@ class Verdicts(CoreState):
 
     def _classify_error(self, request: Any, exc: BaseException, run: Run) -> Verdict:
         kind = self.flavour.error_kind(exc)
+        if self.only_the_network and raised_by_a_mock(exc):
+            # install() breaks circuits for the network only: a test's mock is not it
+            return c11n.NOT_COUNTED
         if kind is ErrorKind.CLOSED or self._closed_since(run):
             # A fact, not a classifier's opinion: our own side closed the connection
             # under the attempt (the application closed its client, transport or pool),
@@ -47,6 +51,10 @@ class Verdicts(CoreState):
             return c11n.CLOSED_LOCALLY
         if kind is ErrorKind.CONNECT and self.via_proxy(request.url):
             kind = ErrorKind.PROXY  # the proxy could not be reached: it is not the upstream
+        if run.endpoint and kind is ErrorKind.AMBIGUOUS and isinstance(exc, self._write_timeout):
+            # An unrouted caller's own write budget ran out: a limit it chose, not a
+            # host that stopped answering (one that does shows as a read timeout).
+            return c11n.NOT_COUNTED
         verdict = self._classify(
             Exchange(
                 method=request.method,
@@ -81,10 +89,17 @@ class Verdicts(CoreState):
         status: int,
         response_headers: Any,
         body: bytes,
-        routed: bool = True,
     ) -> Verdict:
-        """The verdict on an answer of `status` with (the head of) `body`, for `request`."""
-        return self._classify(
+        """The verdict on an answer of `status` with (the head of) `body`, for `request`.
+
+        An unrouted request's answer, whatever its status, goes back as it came (a
+        replacement classifier's word included): the program reads it, and retries it
+        or not, as it would with no sidestep between. For the breaker it is a success:
+        its host answered, which is all an unrouted circuit is about (a host back from
+        an outage with a 503 or a 404 is no longer suspended).
+        """
+        routed = not run.endpoint
+        verdict = self._classify(
             Exchange(
                 method=request.method,
                 request_headers=request.headers,
@@ -98,6 +113,7 @@ class Verdicts(CoreState):
                 credentialed=bool(ticket.facts.credential),
             )
         )
+        return verdict if routed else SUCCESS
 
     def _classify(self, exchange: Exchange) -> Verdict:
         verdict = self.classifier(exchange)
@@ -188,15 +204,21 @@ class Verdicts(CoreState):
             self.store.release(ticket)
 
     def _unrouted(self, verdict: Verdict, origin: str, endpoint: str, ticket: Ticket) -> Verdict:
-        """Where an unrouted request's result counts: its endpoint first.
+        """Where an unrouted request's failure counts: its endpoint first.
 
-        A failure after the request was sent (a 5xx, a read timeout) is the
-        endpoint's: a caller's short timeout on one slow path must not cut off
-        the paths that answer. It counts toward the origin too when it is the
-        first failure of that endpoint since the origin last answered well,
-        so the origin opens once `failure_threshold` different endpoints fail
-        in a row, and a host silent on one path opens that endpoint: either
-        way within a bounded number of calls. A probe of the origin's own
+        Only failures reach here (an unrouted answer is a success, see `_judge`):
+        a host that could not be reached counts for its origin; one that took the
+        request and then timed out or hung up counts for its *endpoint* (origin,
+        path and read budget), since a caller's short timeout on one slow path
+        must not cut off the paths that answer. Such a failure counts for the
+        origin too only when it is its endpoint's first since the origin last
+        answered well: not in this process (every client over the store shares
+        the memory), nor, as the store saw it at admission, in another (the
+        endpoint and the origin both kept). So however often one endpoint fails, the
+        origin opens only once `failure_threshold` different endpoints fail with
+        no good answer between: a host silent on every path is failed fast within
+        a bounded number of calls, one silent on a single path has that path
+        failed fast and the others answering. A probe of the origin's own
         circuit always counts for it: a failed probe reopens the origin.
         """
         if verdict.kind is Kind.SUCCESS:
@@ -208,7 +230,8 @@ class Verdicts(CoreState):
         failing = self._failing.get(origin)
         if failing is None:
             failing = remember(self._failing, origin, set())
-        if endpoint in failing and not any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes):
+        probed = any(k.kind is not ScopeKind.ENDPOINT for k in ticket.probes)
+        if not probed and (endpoint in failing or _counted_already(ticket)):
             return replace(verdict, scope=ScopeKind.ENDPOINT)  # counted for the origin already
         if len(failing) <= self.breaker.failure_threshold:
             failing.add(endpoint)
@@ -293,6 +316,21 @@ class Verdicts(CoreState):
             forgotten_at=t.at,
             store=store_id(self.store),
         )
+
+
+def _counted_already(ticket: Ticket) -> bool:
+    """Whether, as the store saw it at admission, the endpoint's failures were counted in
+    the origin's present count: both scopes were kept (had failed). An endpoint kept while
+    its origin was not failed before the origin last answered well: its next failure
+    counts for the origin again."""
+    generations = ticket.generations
+    if not generations:
+        return False  # nothing kept for the origin then
+    facts = ticket.facts
+    return (
+        generations.get(facts.key(ScopeKind.ENDPOINT), 0) > 0
+        and generations.get(facts.key(ScopeKind.MODEL), 0) > 0
+    )
 
 
 def _skipped(run: Run, target: CompiledTarget, refusal: Refusal, **fields: Any) -> None:
