@@ -213,6 +213,14 @@ def route(*targets: tuple[str, str], **extra: Any) -> dict[str, Any]:
     }
 
 
+def outcome(d: Driver, url: str) -> Any:
+    """The status of GET `url`, or the exception's class."""
+    try:
+        return d.get(url).status
+    except Exception as exc:
+        return type(exc).__name__
+
+
 def elapsed(fn: Callable[[], T]) -> tuple[T, float]:
     start = time.monotonic()
     value = fn()

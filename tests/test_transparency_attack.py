@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import sidestep
-from drivers import Driver, FakeClock
+from drivers import Driver, FakeClock, outcome
 from upstream import Hang, Respond, Upstream, wait_for
 
 THRESHOLD = 3
@@ -50,14 +50,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     s = sidestep.RedisStore(url, fingerprint_key="k")
     yield s
     s.close()
-
-
-def outcome(d: Driver, url: str) -> Any:
-    """The status of GET `url`, or the exception's class."""
-    try:
-        return d.get(url).status
-    except Exception as exc:
-        return type(exc).__name__
 
 
 class Host:

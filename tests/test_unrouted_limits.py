@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import sidestep
-from drivers import KINDS, Driver, FakeClock
+from drivers import KINDS, Driver, FakeClock, outcome
 from upstream import Hang, Respond, Upstream, wait_for
 
 STORES = ("memory", "redis")
@@ -44,14 +44,6 @@ def store(request: pytest.FixtureRequest) -> Iterator[Any]:
     s = sidestep.RedisStore(url, fingerprint_key="k")
     yield s
     s.close()
-
-
-def outcome(d: Driver, url: str) -> Any:
-    """The status of GET `url`, or the exception's class."""
-    try:
-        return d.get(url).status
-    except Exception as exc:
-        return type(exc).__name__
 
 
 def fresh(kind: str, store: Any, clock: FakeClock) -> Driver:
