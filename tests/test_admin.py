@@ -32,6 +32,8 @@ from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep.logging import add_observer, remove_observer
 from upstream import IN_TIME, Respond, Upstream
 
+# seconds a Redis call may take where a test only reads back what was written
+LOADED = 10.0
 TOKEN = "admin-token-0123456789"
 READER = "reader-token-0123456789"
 TOKENS = [
@@ -74,8 +76,14 @@ class Setup:
         self.store: Any = None
         self.source: Any = None
         if store_kind == "redis":
-            # the application's store, and the admin's own client of the same shared state
-            shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
+            # the application's store, and the admin's own client of the same shared state;
+            # Redis may take its time on a busy machine: these tests read what was written,
+            # and a store failing open to its own memory after 0.25 s would not show it
+            shared = {
+                "prefix": fresh_prefix(),
+                "fingerprint_key": "shared-fingerprint-key",
+                "timeout": LOADED,
+            }
             self.store = sidestep.RedisStore(redis_url, **shared)
             self.source = sidestep.RedisStore(redis_url, **shared)
         self.transport = sidestep.FailoverTransport(self.config, store=self.store)
@@ -342,7 +350,7 @@ def admin_over_redis(
     a.behaviour = lambda seen: Respond(503, b"down")
     config = config_for(a, b)
     shared = {"prefix": fresh_prefix(), "fingerprint_key": "shared-fingerprint-key"}
-    store = sidestep.RedisStore(app_url, retry_interval=0, **shared)
+    store = sidestep.RedisStore(app_url, retry_interval=0, timeout=LOADED, **shared)
     source = sidestep.RedisStore(admin_url, retry_interval=0, **options, **shared)
     build = sidestep.admin.app if kind == "asgi" else sidestep.admin.wsgi_app
     app = build(source, token=TOKEN, config=config)
