@@ -24,6 +24,9 @@ from drivers import Driver, FakeClock, outcome
 from upstream import Hang, Respond, Upstream, wait_for
 
 THRESHOLD = 3
+# seconds a store call may take: on a busy machine a store must not fail open under
+# a test that reads back what it wrote
+LOADED = 10.0
 CONFIG = {"breaker": {"failure_threshold": THRESHOLD, "cooldown": 10}}
 TIMEOUT = (5.0, 0.2, 5.0, 5.0)  # a short read budget
 
@@ -41,13 +44,13 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
         yield sidestep.MemoryStore()
         return
     if request.param == "sqlite":
-        s = sidestep.SqliteStore(str(tmp_path / "state.db"))
+        s = sidestep.SqliteStore(str(tmp_path / "state.db"), timeout=LOADED)
         yield s
         s.close()
         return
     url = request.getfixturevalue("redis_url")
     redis.Redis.from_url(url).flushall()
-    s = sidestep.RedisStore(url, fingerprint_key="k")
+    s = sidestep.RedisStore(url, fingerprint_key="k", timeout=LOADED)
     yield s
     s.close()
 
@@ -251,7 +254,7 @@ def test_other_processes_on_one_sqlite_file_see_the_endpoint_failing(
     """Three stores on one SQLite file (three processes' views, as many as the threshold) take turns timing out on one path: the endpoint opens, the origin never does."""
     a.behaviour = lambda seen: Hang() if seen.path == "/slow" else Respond(body="fast")
     path = str(tmp_path / "state.db")
-    stores = [sidestep.SqliteStore(path) for _ in range(THRESHOLD)]
+    stores = [sidestep.SqliteStore(path, timeout=LOADED) for _ in range(THRESHOLD)]
     clock = FakeClock()
     drivers = [Driver("httpx-sync", CONFIG, store=s, clock=clock, timeout=TIMEOUT) for s in stores]
     try:

@@ -25,6 +25,9 @@ from upstream import Hang, Respond, Upstream, free_port
 
 STORES = ("memory", "redis")
 THRESHOLD = 3
+# seconds a store call may take: on a busy machine a store must not fail open under
+# a test that reads back what it wrote
+LOADED = 10.0
 
 
 def make_store(kind: str, redis_url: str | None) -> Any:
@@ -32,7 +35,7 @@ def make_store(kind: str, redis_url: str | None) -> Any:
         return sidestep.MemoryStore()
     assert redis_url is not None
     redis.Redis.from_url(redis_url).flushall()
-    return sidestep.RedisStore(redis_url, fingerprint_key="k")
+    return sidestep.RedisStore(redis_url, fingerprint_key="k", timeout=LOADED)
 
 
 @pytest.fixture(params=[(k, s) for k in KINDS for s in STORES], ids=lambda p: f"{p[0]}-{p[1]}")

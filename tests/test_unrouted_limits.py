@@ -25,6 +25,9 @@ from upstream import Hang, Respond, Upstream, wait_for
 
 STORES = ("memory", "redis")
 THRESHOLD = 3
+# seconds a store call may take: on a busy machine a store must not fail open under
+# a test that reads back what it wrote
+LOADED = 10.0
 CONFIG = {"breaker": {"failure_threshold": THRESHOLD}}
 TIMEOUT = (5.0, 0.2, 5.0, 5.0)  # a short read budget; connects are not what is timed
 
@@ -41,7 +44,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Any]:
         return
     url = request.getfixturevalue("redis_url")
     redis.Redis.from_url(url).flushall()
-    s = sidestep.RedisStore(url, fingerprint_key="k")
+    s = sidestep.RedisStore(url, fingerprint_key="k", timeout=LOADED)
     yield s
     s.close()
 
@@ -122,7 +125,10 @@ def test_other_processes_see_the_endpoint_failing(redis_url: str, a: Upstream) -
     """Three processes' stores on one Redis (as many as the threshold) take turns timing out on one path: the endpoint opens, the origin never does (the store, not a process's memory, says the endpoint failed before)."""
     a.behaviour = slow_and_fast
     redis.Redis.from_url(redis_url).flushall()
-    stores = [sidestep.RedisStore(redis_url, fingerprint_key="k") for _ in range(THRESHOLD)]
+    stores = [
+        sidestep.RedisStore(redis_url, fingerprint_key="k", timeout=LOADED)
+        for _ in range(THRESHOLD)
+    ]
     clock = FakeClock()
     drivers = [fresh("httpx-sync", s, clock) for s in stores]
     try:
