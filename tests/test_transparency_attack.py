@@ -248,26 +248,6 @@ def test_a_forwarded_request_keeps_the_routes_of_the_client_it_reaches(
         inner.close()
 
 
-def test_other_processes_on_one_sqlite_file_see_the_endpoint_failing(
-    a: Upstream, tmp_path: Any
-) -> None:
-    """Three stores on one SQLite file (three processes' views, as many as the threshold) take turns timing out on one path: the endpoint opens, the origin never does."""
-    a.behaviour = lambda seen: Hang() if seen.path == "/slow" else Respond(body="fast")
-    path = str(tmp_path / "state.db")
-    stores = [sidestep.SqliteStore(path, timeout=LOADED) for _ in range(THRESHOLD)]
-    clock = FakeClock()
-    drivers = [Driver("httpx-sync", CONFIG, store=s, clock=clock, timeout=TIMEOUT) for s in stores]
-    try:
-        seen = [outcome(drivers[n % THRESHOLD], a.url + "/slow") for n in range(THRESHOLD * 2)]
-        assert seen == ["ReadTimeout"] * THRESHOLD + ["AllCandidatesSuspended"] * THRESHOLD
-        assert [outcome(d, a.url + "/fast") for d in drivers] == [200] * THRESHOLD
-    finally:
-        for d in drivers:
-            d.close()
-        for s in stores:
-            s.close()
-
-
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("flavour", ["httpx", "httpx2"])
 def test_a_request_cancelled_mid_send_is_handled_again_when_sent_again(

@@ -121,14 +121,22 @@ def test_timeouts_of_one_endpoint_from_many_threads_never_open_its_origin(
         d.close()
 
 
-def test_other_processes_see_the_endpoint_failing(redis_url: str, a: Upstream) -> None:
-    """Three processes' stores on one Redis (as many as the threshold) take turns timing out on one path: the endpoint opens, the origin never does (the store, not a process's memory, says the endpoint failed before)."""
+@pytest.mark.parametrize("shared", ["redis", "sqlite"])
+def test_other_processes_see_the_endpoint_failing(
+    shared: str, a: Upstream, tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """Three processes' stores on one Redis, or on one SQLite file (as many as the threshold), take turns timing out on one path: the endpoint opens, the origin never does (the store, not a process's memory, says the endpoint failed before)."""
     a.behaviour = slow_and_fast
-    redis.Redis.from_url(redis_url).flushall()
-    stores = [
-        sidestep.RedisStore(redis_url, fingerprint_key="k", timeout=LOADED)
-        for _ in range(THRESHOLD)
-    ]
+    if shared == "redis":
+        redis_url = request.getfixturevalue("redis_url")
+        redis.Redis.from_url(redis_url).flushall()
+        stores: list[Any] = [
+            sidestep.RedisStore(redis_url, fingerprint_key="k", timeout=LOADED)
+            for _ in range(THRESHOLD)
+        ]
+    else:
+        path = str(tmp_path / "state.db")
+        stores = [sidestep.SqliteStore(path, timeout=LOADED) for _ in range(THRESHOLD)]
     clock = FakeClock()
     drivers = [fresh("httpx-sync", s, clock) for s in stores]
     try:
