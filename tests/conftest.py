@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import structlog
 
+import sidestep
 from drivers import KINDS, Driver, MakeDriver
 from redis_cluster import RedisCluster
 from redis_server import RedisMissing, RedisServer
@@ -28,6 +29,29 @@ def structlog_as_found() -> Iterator[None]:
     yield
     if not configured and structlog.is_configured():
         structlog.reset_defaults()
+
+
+# How long a store built with its default timeout waits for its file or its Redis in a test.
+# The shipped defaults (0.1 s for SQLite, 0.25 s for Redis) fail open to local memory when
+# the store is slow; a test on a busy machine, where a process can stall for a second, would
+# then read back that memory instead of the shared state it asserts on.
+STORE_WAIT = 10.0
+
+
+@pytest.fixture(autouse=True)
+def stores_wait_on_a_busy_machine(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stores built in a test with their default timeout wait up to `STORE_WAIT`.
+
+    A test that passes its own `timeout` keeps it: the tests of failing open do. A test marked
+    `shipped_store_timeouts` sees the shipped defaults. Processes a test spawns build their
+    stores with timeouts of their own.
+    """
+    if request.node.get_closest_marker("shipped_store_timeouts"):
+        return
+    for store in (sidestep.SqliteStore, sidestep.RedisStore):
+        monkeypatch.setitem(store.__init__.__kwdefaults__, "timeout", STORE_WAIT)
 
 
 @pytest.fixture

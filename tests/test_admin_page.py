@@ -76,12 +76,22 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
 
 
 def _row_of(driver: webdriver.Chrome, target: str) -> str:
-    """The class of `target`'s first row on the page ("open", "healthy", ...)."""
-    for row in driver.find_elements(By.CSS_SELECTOR, "tbody tr"):
-        cells = row.find_elements(By.TAG_NAME, "td")
-        if cells and cells[0].text == target:
-            return str(row.get_attribute("class"))
-    return ""
+    """The class of `target`'s first row on the page ("open", "healthy", ...).
+
+    Read in one script, so a refresh that replaces the rows between two reads can never
+    leave the test holding a row that is gone.
+    """
+    found = driver.execute_script(
+        """
+        for (const row of document.querySelectorAll("tbody tr")) {
+          const cell = row.querySelector("td");
+          if (cell && cell.innerText.trim() === arguments[0]) return row.className;
+        }
+        return "";
+        """,
+        target,
+    )
+    return str(found)
 
 
 def _save(driver: webdriver.Chrome, name: str, tmp_path: Path) -> None:

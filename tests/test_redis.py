@@ -493,7 +493,8 @@ def test_a_timed_out_admission_gives_its_probe_slot_back(
     """An admission whose reply comes after the timeout is served from memory and gives its probe slot back: at once if Redis takes the drop, else with the next call that succeeds."""
     prefix = fresh_prefix()
     direct = store_on(redis_server.url, prefix=prefix, fingerprint_key="k")
-    slow = store_on(proxy.url, prefix=prefix, fingerprint_key="k", retry_interval=0)
+    # a reply 1 s late is past this store's timeout
+    slow = store_on(proxy.url, prefix=prefix, fingerprint_key="k", retry_interval=0, timeout=0.25)
     open_scope(direct, ONE_PROBE)
     key = model_scope(direct)
     assert slow.admit(facts(slow, model="warm"), ONE_PROBE, 0.0).ticket is not None
@@ -817,7 +818,7 @@ def test_clear_reaches_redis_even_while_it_is_deemed_down(
     """clear() during the back-off after an outage clears the scope in Redis, for every process, and in the local fallback alike."""
     prefix = fresh_prefix()
     p = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
-    slow = store_on(proxy.url, prefix=prefix, retry_interval=600)
+    slow = store_on(proxy.url, prefix=prefix, retry_interval=600, timeout=0.25)  # < 1 s delay
     other = store_on(redis_server.url, prefix=prefix)
     open_scope(slow, p)  # in Redis
     (status,) = other.snapshot(0)

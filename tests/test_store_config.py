@@ -24,6 +24,7 @@ PASSWORD = "S3CR3Tstorepassword"
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.shipped_store_timeouts
 def test_the_defaults_are_the_stores_own() -> None:
     """Every option of RedisStore, SqliteStore and MemoryStore is a key, with the class's own default."""
     for store, settings, first in [

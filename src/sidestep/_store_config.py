@@ -28,8 +28,10 @@ __all__ = [
     "plain_redis_url",
 ]
 
-# The defaults of `MemoryStore`, `SqliteStore` and `RedisStore`; tests/test_store_config.py
-# checks they are the classes' own (importing `_redis` here would need the redis extra).
+# The defaults of `MemoryStore`, `SqliteStore` and `RedisStore`, shown by the settings;
+# tests/test_store_config.py checks they are the classes' own (importing `_redis` here would
+# need the redis extra). A store is built with only the options that were set, so the
+# class's own default is the one that applies.
 _MAX_SCOPES = 10_000
 _REDIS_TIMEOUT = 0.25
 _REDIS_TTL = 3600.0
@@ -197,7 +199,7 @@ def _memory(options: Any) -> StateStore:
 def _sqlite(options: Any) -> StateStore:
     from ._sqlite import SqliteStore
 
-    return SqliteStore(**options.model_dump())
+    return SqliteStore(**options.model_dump(exclude_unset=True))
 
 
 def _redis(options: Any) -> StateStore:
@@ -209,7 +211,7 @@ def _redis(options: Any) -> StateStore:
         raise ImportError(
             "store: redis needs the redis extra: pip install 'sidestep[redis]'"
         ) from None
-    return RedisStore(**options.model_dump())
+    return RedisStore(**options.model_dump(exclude_unset=True))
 
 
 # The kinds of store, in the order `StoreSettings` declares them.
