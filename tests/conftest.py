@@ -14,7 +14,7 @@ from drivers import KINDS, Driver, MakeDriver
 from redis_cluster import RedisCluster
 from redis_server import RedisMissing, RedisServer
 from sidestep._config import SidestepConfigWarning
-from upstream import Upstream
+from upstream import STORE_WAIT, Upstream
 
 
 @pytest.fixture(autouse=True)
@@ -31,13 +31,6 @@ def structlog_as_found() -> Iterator[None]:
         structlog.reset_defaults()
 
 
-# How long a store built with its default timeout waits for its file or its Redis in a test.
-# The shipped defaults (0.1 s for SQLite, 0.25 s for Redis) fail open to local memory when
-# the store is slow; a test on a busy machine, where a process can stall for a second, would
-# then read back that memory instead of the shared state it asserts on.
-STORE_WAIT = 10.0
-
-
 @pytest.fixture(autouse=True)
 def stores_wait_on_a_busy_machine(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
@@ -45,8 +38,8 @@ def stores_wait_on_a_busy_machine(
     """Stores built in a test with their default timeout wait up to `STORE_WAIT`.
 
     A test that passes its own `timeout` keeps it: the tests of failing open do. A test marked
-    `shipped_store_timeouts` sees the shipped defaults. Processes a test spawns build their
-    stores with timeouts of their own.
+    `shipped_store_timeouts` sees the shipped defaults. Processes a test starts are given
+    `STORE_WAIT` in their store's settings.
     """
     if request.node.get_closest_marker("shipped_store_timeouts"):
         return

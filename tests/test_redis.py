@@ -46,7 +46,7 @@ from sidestep._redis_calls import RedisTicket, anchor, origin_hash
 from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._sqlite import SqliteStore
 from sidestep._store import Admission, MemoryStore, Ticket, Transition
-from upstream import IN_TIME, Hang, Respond, Upstream, wait_for
+from upstream import IN_TIME, STORE_WAIT, Hang, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)
@@ -1119,11 +1119,18 @@ def pair() -> Iterator[tuple[Upstream, Upstream]]:
 
 @pytest.fixture(params=["redis", "sqlite"])
 def shared(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """Where the workers share state: a fresh prefix on the session's Redis, or a fresh file."""
+    """Where the workers share state: a fresh prefix on the session's Redis, or a fresh file
+    (waited for up to `STORE_WAIT`: a store that failed open would answer from a stale memory)."""
     if request.param == "sqlite":
-        return {"kind": "sqlite", "path": str(tmp_path / "state.db")}
+        return {"kind": "sqlite", "path": str(tmp_path / "state.db"), "timeout": STORE_WAIT}
     url = request.getfixturevalue("redis_url")
-    return {"kind": "redis", "url": url, "prefix": fresh_prefix(), "fingerprint_key": "shared"}
+    return {
+        "kind": "redis",
+        "url": url,
+        "prefix": fresh_prefix(),
+        "fingerprint_key": "shared",
+        "timeout": STORE_WAIT,
+    }
 
 
 def job(

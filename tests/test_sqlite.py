@@ -32,7 +32,7 @@ from sidestep._failopen import LocalTicket
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
 from test_launcher import TESTS, environment
-from upstream import IN_TIME, Respond, Upstream, wait_for
+from upstream import IN_TIME, STORE_WAIT, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OTHER = "https://other.example:443"
@@ -279,7 +279,13 @@ def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
                     ("backup", b.url + "/v1"),
                     breaker={"failure_threshold": 2, "cooldown": 600},
                 ),
-                "store": {"sqlite": {"path": str(tmp_path / "state.db"), "refresh": 0}},
+                "store": {
+                    "sqlite": {
+                        "path": str(tmp_path / "state.db"),
+                        "refresh": 0,
+                        "timeout": STORE_WAIT,
+                    }
+                },
             }
         )
     )

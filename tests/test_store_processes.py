@@ -24,7 +24,7 @@ from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
 from sidestep._redis import RedisStore
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep._sqlite import SqliteStore
-from upstream import wait_for
+from upstream import STORE_WAIT, wait_for
 
 ORIGIN = "https://api.example:443"
 HELD = "https://held.example:443"  # an origin whose dead probe holds its slot for good
@@ -53,10 +53,13 @@ def facts(store: Any, origin: str = ORIGIN) -> ScopeFacts:
 
 @pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def spec(request: pytest.FixtureRequest, tmp_path: Path) -> Spec:
+    """Where the processes share state, waited for up to `STORE_WAIT` (a store that failed
+    open would count from a memory of its own)."""
     if request.param == "sqlite":
-        return ("sqlite", {"path": str(tmp_path / "state.db")})
+        return ("sqlite", {"path": str(tmp_path / "state.db"), "timeout": STORE_WAIT})
     url = request.getfixturevalue("cluster_url" if "cluster" in request.param else "redis_url")
-    return ("redis", {"url": url, "prefix": fresh_prefix(), "fingerprint_key": "shared"})
+    kw = {"url": url, "prefix": fresh_prefix(), "fingerprint_key": "shared", "timeout": STORE_WAIT}
+    return ("redis", kw)
 
 
 def half_open(spec: Spec, policy: BreakerPolicy, origin: str = ORIGIN) -> None:
@@ -100,8 +103,6 @@ def _outside_traffic(spec: Spec, start: Any, out: Any, n: int) -> None:
     of its own that it opens at once; reports the scope ids the store forgot, and the
     calls served without the shared store."""
     spec = (spec[0], {**spec[1], "max_scopes": 20})
-    if spec[0] == "sqlite":
-        spec[1]["timeout"] = 5.0  # four writers at once: waiting is no outage here
     store = build(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SidestepConfigWarning)  # failure_threshold 1

@@ -93,6 +93,13 @@ Behaviour = Callable[[Seen], Action]
 # answers (or stalls on purpose) trips a limit this long.
 IN_TIME = 2.0
 
+# How long a test's store waits for its SQLite file or its Redis before it fails open to its
+# own memory (the shipped defaults are 0.1 s and 0.25 s). On such a machine a store at the
+# shipped default would serve a stale local memory, and a test that asserts on the shared
+# state would read it. conftest.py gives stores built in the test process this default;
+# processes a test starts are given it in their store's settings.
+STORE_WAIT = 10.0
+
 
 def free_port() -> int:
     with socket.socket() as s:
