@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
 import pytest
 
+from sidestep import _sqlite as sqlite_store
 from sidestep import _sqlite_file as sqlite_file
+from sidestep import _sqlite_view as sqlite_view
 from sidestep._circuit import State
 from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
@@ -102,6 +105,30 @@ def test_a_refusal_runs_no_statement_and_waits_for_no_writer(kept: Path) -> None
     assert store.fallbacks == 0
     holder.execute("ROLLBACK")
     holder.close()
+
+
+def test_an_open_origins_refusal_is_made_on_the_callers_clock_once(
+    kept: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal of an origin the file holds open comes on the caller's clock, made once and shared while the offset between that clock and the wall clock stands (to a millisecond); on a clock further behind, its end moves with it."""
+    wall, steady = time.time(), time.monotonic
+
+    class Wall:
+        time = staticmethod(lambda: wall)  # the wall clock stands still
+        monotonic = staticmethod(steady)
+
+    monkeypatch.setattr(sqlite_view, "time", Wall)
+    monkeypatch.setattr(sqlite_store, "time", Wall)
+    store = SqliteStore(kept, refresh=3600)
+    (status,) = [s for s in store.snapshot(wall) if s.scope.origin == origin(1)]
+    first = store.admit(facts(store, origin(1)), P, 100.0)
+    assert first.ticket is None and first.refusal is not None
+    assert first.refusal.retry_at == pytest.approx(status.retry_at - wall + 100.0)
+    assert store.admit(facts(store, origin(1)), P, 100.0) is first
+    assert store.admit(facts(store, origin(1)), P, 100.0005) is first
+    later = store.admit(facts(store, origin(1)), P, 200.0)
+    assert later.refusal is not None and later is not first
+    assert later.refusal.retry_at == pytest.approx(first.refusal.retry_at + 100.0)
 
 
 def test_a_verdict_that_changes_nothing_is_not_written(kept: Path) -> None:

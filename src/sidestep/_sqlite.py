@@ -7,8 +7,8 @@ decided from the view, with no statement. One that changes a scope runs
 `MemoryStore`'s own step (and `_circuit`'s state machine) inside one write
 transaction, which writes the rows of the scopes it touched. At most every
 ``refresh`` seconds the store asks whether another process wrote, and reads
-what it wrote; under an event loop a worker thread does (``_sqlite_loop``),
-never the loop.
+what it wrote; under an event loop a worker thread does, every ``refresh``
+while admissions use the view (``_sqlite_loop``), never the loop.
 
 Probe slots are leases with an end in wall-clock time, so a process that
 dies holding a probe frees it when its lease ends; windows follow the wall
@@ -133,8 +133,6 @@ class SqliteStore(FileView):
         )
         self._default_lease = probe_lease or DEFAULT_PROBE_LEASE
         self._worker = Worker(self)
-        # The refusals last moved to a caller's clock, by scope (`_on_clock`).
-        self._moved: dict[ScopeKey, tuple[Refusal, float, Admission]] = {}
         try:
             self._connection()
         except UNAVAILABLE as exc:
@@ -181,32 +179,35 @@ class SqliteStore(FileView):
         if origin is None or not origin.unhealthy:
             return Admission(Ticket(facts, self._seq))  # nothing read, nothing written
         wall = self._wall(now)
-        admission = self._from_view(origin, facts, policy, wall)
-        if admission is None:
-            try:
-                with self._tx:
-                    self._tx.lease = lease or self._default_lease
-                    admission = self._admit(facts, facts.keys(), policy, wall)
-            except UNAVAILABLE as exc:
-                self._lost(exc)
-                fo.unavailable("admit", exc)
-                return fo.admit(facts, policy, now)
-        return self._on_clock(admission, wall, now)
+        admission = self._from_view(origin, facts, policy, wall, now)
+        if admission is not None:
+            return admission
+        try:
+            with self._tx:
+                self._tx.lease = lease or self._default_lease
+                admission = self._admit(facts, facts.keys(), policy, wall)
+        except UNAVAILABLE as exc:
+            self._lost(exc)
+            fo.unavailable("admit", exc)
+            return fo.admit(facts, policy, now)
+        return _on_clock(admission, wall - now)
 
     def _from_view(
-        self, origin: _Origin, facts: ScopeFacts, policy: BreakerPolicy, now: float
+        self, origin: _Origin, facts: ScopeFacts, policy: BreakerPolicy, wall: float, now: float
     ) -> Admission | None:
-        """Admission to an origin the view keeps scopes of, when it changes none of them;
-        None when the file must be written."""
-        refused = self._refused(origin, facts.origin, policy, now)
+        """Admission to an origin the view keeps scopes of, when it changes none of them,
+        on the caller's clock (`now`; `wall`: the view's); None when the file must be written."""
+        # The origin's own refusal is made on the caller's clock once, and shared.
+        refused = self._refused(origin, facts.origin, policy, wall, wall - now)
         if refused is not None:
             return refused
         keys = facts.keys()
         if self._ends:
-            wall = time.time()
-            if any(0.0 < self._ends.get(key, 0.0) <= wall for key in keys):
+            at = time.time()
+            if any(0.0 < self._ends.get(key, 0.0) <= at for key in keys):
                 return None  # a probe's lease ended: its slot is the file's to free
-        return self._look(facts, keys, policy, now, change=False)
+        admission = self._look(facts, keys, policy, wall, change=False)
+        return None if admission is None else _on_clock(admission, wall - now)
 
     def record(
         self,
@@ -304,17 +305,17 @@ class SqliteStore(FileView):
         if fo.down:
             if not fo.due():
                 return fo.admit(facts, policy, now)  # the file is away: memory, nothing waits
-        elif self._change >= 0:
-            if time.monotonic() >= self._next_poll:
-                self._next_poll = time.monotonic() + self._refresh
-                self._worker.poll()  # the file is asked in the worker's thread
+        elif self._change >= 0 and self._worker.use():
+            # The worker keeps the view up to date while admissions use it; the loop only
+            # says so (no clock read, no wake-up, no lock), and reads the view.
             origin = self._state.origins.get(facts.origin)
             if origin is None or not origin.unhealthy:
                 return Admission(Ticket(facts, self._seq))  # nothing read, nothing written
             wall = now if self._caller_clock else time.time()
-            admission = self._from_view(origin, facts, policy, wall)
+            admission = self._from_view(origin, facts, policy, wall, now)
             if admission is not None:
-                return self._on_clock(admission, wall, now)
+                return admission
+        # No view yet, or no worker to keep it (one is started there, never on the loop).
         return await admit_in_thread(self, self._worker, facts, policy, now, lease)
 
     async def record_async(
@@ -360,28 +361,17 @@ class SqliteStore(FileView):
             return False
         return True
 
-    def _on_clock(self, admission: Admission, wall: float, now: float) -> Admission:
-        """A refusal's end on the caller's clock; the same refusal, moved by the same
-        offset between the clocks (to a millisecond), is the same answer."""
-        refusal = admission.refusal
-        if refusal is None or wall == now:
-            return admission
-        offset = wall - now
-        moved = self._moved.get(refusal.scope)
-        if moved is not None and moved[0] is refusal and abs(moved[1] - offset) < 1e-3:
-            return moved[2]
-        at = refusal.retry_at - offset
-        answer = Admission(
-            admission.ticket,
-            Refusal(refusal.scope, refusal.state, refusal.reason, at),
-            admission.transitions,
-        )
-        if admission.ticket is None and not admission.transitions:
-            if len(self._moved) >= self._max:
-                self._moved.clear()
-            self._moved[refusal.scope] = (refusal, offset, answer)
-        return answer
-
     def _forked(self, *, idle: bool) -> None:
         super()._forked(idle=idle)
         self._worker = Worker(self)  # the parent's thread is not in this process
+
+
+def _on_clock(admission: Admission, offset: float) -> Admission:
+    """An admission with its refusal's end moved to the caller's clock, `offset` behind the
+    wall clock the file keeps windows on."""
+    refusal = admission.refusal
+    if refusal is None or offset == 0.0:
+        return admission
+    at = refusal.retry_at - offset
+    moved = Refusal(refusal.scope, refusal.state, refusal.reason, at)
+    return Admission(admission.ticket, moved, admission.transitions)

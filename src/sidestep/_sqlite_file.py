@@ -12,7 +12,9 @@ Every write stamps the rows it writes, and the tombstones of the rows it
 deletes, with the next change number, so a reader learns what changed
 since the change it last saw from those rows alone (`changes`), however
 many scopes the file keeps. Tombstones older than `KEEP_TOMBSTONES` changes
-are pruned; a reader further behind reads the whole file again.
+are pruned; a reader further behind reads the whole file again. Many rows
+are turned into values `paced`: the thread doing it lets other threads of
+the process in every millisecond or so, an event loop's above all.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import contextlib
 import os
 import secrets
 import sqlite3
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple, TypeVar
 
 from ._circuit import Bucket, Circuit, State
 from ._scopes import ScopeKey, ScopeKind
@@ -41,6 +44,7 @@ __all__ = [
     "immediate",
     "lease_end",
     "load",
+    "paced",
     "release_lease",
     "take_key",
 ]
@@ -87,6 +91,15 @@ _TABLES = (
 _OLD_TABLES = ("scopes", "origins", "leases", "gone", "counters")
 
 Row = tuple[Any, ...]
+# Turning rows into values is pure Python, the interpreter's lock held throughout but for
+# the moments SQLite steps to the next row (too short for a waiting thread to wake and take
+# it): a thread at 10,000 rows would keep an event loop's thread waiting for the lock,
+# a switch interval (5 ms) at a time. After `PACE_BURST` seconds of such work, it sleeps
+# `PACE_PAUSE`: long enough for a waiting thread to take the lock.
+PACE_BURST = 0.001
+PACE_PAUSE = 0.0001
+_PACE_EVERY = 32  # items between two looks at the clock
+_T = TypeVar("_T")
 
 
 class Counters(NamedTuple):
@@ -179,7 +192,7 @@ def load(
     """Everything: the counters, every scope (oldest first) and every origin's mark."""
     found = counters(conn)
     rows = conn.execute(_ALL_SCOPES)
-    scopes = [_circuit(row) for row in rows]
+    scopes = [_circuit(row) for row in paced(rows)]
     origins = conn.execute("SELECT origin, forgot FROM origins").fetchall()
     return found, scopes, origins
 
@@ -187,7 +200,7 @@ def load(
 def changes(conn: sqlite3.Connection, since: int, found: Counters) -> Changes:
     """What changed after change `since` (at most `found.change`): rows by their stamps."""
     rows = conn.execute(_SCOPES_SINCE, (since,))
-    scopes = [_circuit(row) for row in rows]
+    scopes = [_circuit(row) for row in paced(rows)]
     gone = [
         _key(kind, origin, credential, detail)
         for kind, origin, credential, detail in conn.execute(
@@ -218,6 +231,17 @@ def lease_end(conn: sqlite3.Connection, key: ScopeKey, generation: int) -> float
         "SELECT MIN(until) FROM leases WHERE key = ? AND generation = ?", (key.key, generation)
     ).fetchone()[0]
     return float(until) if until is not None else 0.0
+
+
+def paced(items: Iterable[_T]) -> Iterator[_T]:
+    """`items`, the interpreter's lock let go for `PACE_PAUSE` after each `PACE_BURST` of
+    work on them (by the thread iterating, on each item, since the last pause)."""
+    until = time.perf_counter() + PACE_BURST
+    for n, item in enumerate(items, 1):
+        yield item
+        if n % _PACE_EVERY == 0 and time.perf_counter() >= until:
+            time.sleep(PACE_PAUSE)
+            until = time.perf_counter() + PACE_BURST
 
 
 # -- writing ----------------------------------------------------------------------------------

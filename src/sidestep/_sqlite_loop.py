@@ -2,18 +2,24 @@
 hand-off of an admission made in a worker thread to a caller that may stop waiting.
 
 An async admission decides from the store's view of the file when it can;
-bringing that view up to date is the worker's job, asked for when
-``refresh`` has passed, so the loop never reads the file. An admission that
-needs the file runs in anyio's worker threads; if its caller is cancelled
-meanwhile (asyncio's own ``Task.cancel``, which no anyio shield holds back,
-drops the thread's answer), the probe slots it took are given back at once
-rather than when their lease ends.
+keeping that view up to date is the worker's job, so the loop never reads
+the file. While admissions use the view, the worker brings it up to date
+every ``refresh`` on its own timer: an admission only marks the view used —
+no clock read, no wake-up, no lock — and wakes the worker only after a
+quiet spell (`LINGER`) has put it to sleep. The thread is started off the
+loop, by an admission that goes to a worker thread (the first one does: it
+finds no view yet), since starting a thread waits for it to run. An
+admission that needs the file runs in anyio's worker threads; if its caller
+is cancelled meanwhile (asyncio's own ``Task.cancel``, which no anyio
+shield holds back, drops the thread's answer), the probe slots it took are
+given back at once rather than when their lease ends.
 """
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Protocol
 
@@ -24,10 +30,18 @@ if TYPE_CHECKING:
     from ._scopes import ScopeFacts
     from ._store import Admission, Ticket
 
-__all__ = ["Worker", "admit_in_thread"]
+__all__ = ["LINGER", "Worker", "admit_in_thread"]
+
+# Seconds the worker keeps the view up to date after the last admission that used it,
+# before it sleeps until an admission wakes it: traffic at least this frequent never
+# wakes it.
+LINGER = 1.0
 
 
 class _Store(Protocol):
+    _next_poll: float  # when the view is next brought up to date (monotonic seconds)
+    _refresh: float
+
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission: ...
@@ -38,39 +52,56 @@ class _Store(Protocol):
 
 
 class Worker:
-    """A daemon thread that reads the file for an event loop and gives back abandoned probes.
+    """A daemon thread that keeps the view up to date for an event loop, and gives back
+    abandoned probes.
 
-    Started by the first job, it then sleeps until the next; it holds its store
-    only by a weak reference, so a store dropped unclosed is collected (and the
-    thread ends with it).
+    It holds its store only by a weak reference, so a store dropped unclosed is
+    collected (and the thread ends with it).
     """
 
     def __init__(self, store: _Store) -> None:
         self._store = weakref.ref(store)
         self._wake = threading.Event()
         self._releases: collections.deque[Ticket] = collections.deque()
-        self._poll = False
-        self._idle = False  # waiting for a job: only then is it woken (waking costs the caller)
+        self.used = False  # an admission read the view since the worker last brought it up
+        # Polling on its own timer: an admission need not wake it. Both flags are plain
+        # attributes, read and set without a lock: the interpreter orders them.
+        self.awake = False
+        self._idle = False  # asleep until woken: only then is it woken (waking costs the caller)
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         weakref.finalize(store, self.stop)
 
-    def poll(self) -> None:
-        """Bring the store's view up to date, in the worker's thread."""
-        self._poll = True
-        self._go()
+    def use(self) -> bool:
+        """An admission reads the view: keep it up to date. False when no thread runs to
+        do so (`start` it, off the event loop)."""
+        self.used = True
+        if self.awake:
+            return True  # the common case: nothing else to do
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return False
+        if self._idle:  # else it is at work, and looks at `used` before it sleeps again
+            self._wake.set()
+        return True
+
+    def start(self) -> None:
+        """Run the thread, if it does not run yet (this waits for it to start)."""
+        if not self._stopped:
+            self._spawn()
 
     def release(self, ticket: Ticket) -> None:
         """Give back the probe slots of a ticket nobody will use."""
         self._releases.append(ticket)
-        self._go()
+        self._spawn()  # even once stopped: the slots go back all the same
+        self._wake.set()
 
     def stop(self) -> None:
         self._stopped = True
         self._wake.set()  # whether it waits or not: it looks before it waits again
 
-    def _go(self) -> None:
+    def _spawn(self) -> None:
         thread = self._thread
         if thread is None or not thread.is_alive():
             with self._start_lock:
@@ -79,18 +110,18 @@ class Worker:
                         target=_run, args=(self,), name="sidestep-sqlite", daemon=True
                     )
                     self._thread.start()
-        if self._idle:  # else it is at work, and looks for jobs before it waits again
-            self._wake.set()
 
 
 def _run(worker: Worker) -> None:
+    try:
+        _serve(worker)
+    finally:
+        worker.awake = worker._idle = False  # gone: the next admission starts another
+
+
+def _serve(worker: Worker) -> None:
+    last_use = time.monotonic()
     while True:
-        if not (worker._poll or worker._releases or worker._stopped):
-            worker._idle = True
-            if not (worker._poll or worker._releases or worker._stopped):  # a job since?
-                worker._wake.wait()
-            worker._idle = False
-            worker._wake.clear()
         store = worker._store()
         if store is None:
             return
@@ -100,10 +131,27 @@ def _run(worker: Worker) -> None:
             store.release(worker._releases.popleft())
         if worker._stopped:
             return
-        if worker._poll:
-            worker._poll = False
-            store._poll(wait=True)
+        now, used = time.monotonic(), worker.used
+        if used:
+            last_use = now
+            if now >= store._next_poll:
+                worker.used = False
+                store._poll(wait=True)  # which sets when the next one is due
+                continue
+        refresh, due = store._refresh, store._next_poll
         del store  # not held while the thread sleeps
+        if used or (refresh and now - last_use < LINGER):
+            # Awake, on its own timer: until the poll asked for is due, else for a tick.
+            worker.awake = True
+            worker._wake.wait(max(due - now, 0.0) if used else refresh)
+        else:
+            # Quiet (or asked on every admission, with no refresh): asleep until woken.
+            worker.awake = False
+            worker._idle = True
+            if not (worker.used or worker._releases or worker._stopped):  # a job since?
+                worker._wake.wait()
+            worker._idle = False
+        worker._wake.clear()
 
 
 class _Handoff:
@@ -121,6 +169,7 @@ class _Handoff:
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None
     ) -> Admission:
+        self._worker.start()  # here, in a worker thread: never on the event loop
         admission = self._store.admit(facts, policy, now, lease)
         with self._lock:
             if not self._gone:

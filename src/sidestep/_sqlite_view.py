@@ -303,7 +303,7 @@ class FileView(MemoryStore):
             news = sqlite_file.changes(conn, self._change, found)
             for key in news.gone:
                 self._take(key, None, 0.0)
-            for key, c, ends in news.scopes:
+            for key, c, ends in sqlite_file.paced(news.scopes):
                 self._take(key, c, ends)
             origins = self._state.origins
             for name, forgot in news.origins:
@@ -316,7 +316,7 @@ class FileView(MemoryStore):
         entries = _View()
         state = _Scopes(entries=entries)
         ends: dict[ScopeKey, float] = {}
-        for key, c, end in scopes:
+        for key, c, end in sqlite_file.paced(scopes):
             dict.__setitem__(entries, key, c)
             kept = state.origins.setdefault(key.origin, _Origin())
             kept.unhealthy += 1

@@ -56,7 +56,8 @@ class _Origin:
     unhealthy: int = 0  # entries kept for this origin
     forgot: int = 0  # the sequence number of the last time one of them was forgotten
     key: ScopeKey | None = None  # the origin's own scope, made once
-    refused: tuple[Circuit, Admission] | None = None  # its refusal, while that circuit stands
+    # its refusal, while that circuit and the offset of the caller's clock (`_refused`) stand
+    refused: tuple[Circuit, float, Admission] | None = None
 
 
 @dataclass(slots=True)
@@ -122,8 +123,11 @@ class MemoryStore:
         return self._refused(kept, origin, policy, now)
 
     def _refused(
-        self, kept: _Origin, origin: str, policy: BreakerPolicy, now: float
+        self, kept: _Origin, origin: str, policy: BreakerPolicy, now: float, offset: float = 0.0
     ) -> Admission | None:
+        """`refused` for a kept origin. `now` is on the clock the windows are kept on; the
+        refusal's end is on the caller's, `offset` behind it (a store sharing state keeps
+        windows on the wall clock)."""
         if not policy.enforce:
             return None
         # The origin's own scope comes first among every request's keys: when it
@@ -134,10 +138,13 @@ class MemoryStore:
         c = self._state.entries.get(key)
         if c is None or c.state is not State.OPEN or now >= c.retry_at:
             return None
-        refused = kept.refused  # the same answer for every request it turns away
-        if refused is None or refused[0] is not c:
-            refused = kept.refused = (c, Admission(None, _refusal(key, c)))
-        return refused[1]
+        # The same answer for every request it turns away, while the clocks keep their
+        # offset (to a millisecond: a caller's clock drifts from the wall clock).
+        refused = kept.refused
+        if refused is None or refused[0] is not c or abs(refused[1] - offset) >= 1e-3:
+            refusal = Refusal(key, c.state, c.reason, c.retry_at - offset)
+            refused = kept.refused = (c, offset, Admission(None, refusal))
+        return refused[2]
 
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None

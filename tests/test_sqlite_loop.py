@@ -1,0 +1,187 @@
+"""`SqliteStore` under an event loop: what the loop's thread does, and what it leaves to the worker.
+
+These tests watch which thread starts the worker and which wakes it, and what
+the view learns; they never time anything.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sidestep import _sqlite_file as sqlite_file
+from sidestep import _sqlite_loop
+from sidestep._classify import Kind, Verdict
+from sidestep._config import BreakerPolicy, Suspensions
+from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._sqlite import SqliteStore
+
+CONNECT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True)
+P = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
+SUSPENSIONS = Suspensions()
+
+pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+
+
+def origin(i: int) -> str:
+    return f"https://h{i}.example:443"
+
+
+def facts(store: SqliteStore, at: str) -> ScopeFacts:
+    return ScopeFacts(
+        at,
+        headers={"authorization": "Bearer k1"},
+        userinfo="",
+        body=b'{"model": "m"}',
+        fingerprint=store.fingerprint,
+    )
+
+
+def fail(store: SqliteStore, at: str) -> None:
+    """Fail `at` until the file holds it open."""
+    for _ in range(P.failure_threshold):
+        ticket = store.admit(facts(store, at), P, 0).ticket
+        assert ticket is not None
+        store.record(ticket, CONNECT_FAIL, P, SUSPENSIONS, 0)
+
+
+class Wake(threading.Event):
+    """A worker's wake-up event that notes the threads that set it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setters: list[int] = []
+
+    def set(self) -> None:
+        self.setters.append(threading.get_ident())
+        super().set()
+
+
+@pytest.fixture
+def starts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The threads that start a store's worker thread, in order."""
+    seen: list[int] = []
+    start = threading.Thread.start
+
+    def noted(thread: threading.Thread) -> None:
+        if thread.name == "sidestep-sqlite":
+            seen.append(threading.get_ident())
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", noted)
+    return seen
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Poll `condition` from the loop, letting it run meanwhile; a hang fails the test."""
+    with anyio.fail_after(60):
+        while not condition():  # noqa: ASYNC110  # a fact of another thread
+            await anyio.sleep(0.005)
+
+
+async def refused_in_time(store: SqliteStore, at: str, healthy: str) -> None:
+    """Admit to `at` (and to the healthy origin between) until `at` is refused."""
+    with anyio.fail_after(60):
+        while (await store.admit_async(facts(store, at), P, 0)).ticket is not None:
+            assert (await store.admit_async(facts(store, healthy), P, 0)).ticket is not None
+            await anyio.sleep(0.001)
+
+
+@pytest.mark.anyio
+async def test_admissions_on_the_loop_neither_start_nor_wake_the_worker(
+    tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While admissions keep coming, the worker keeps the view up to date on its own timer: the loop's thread never starts its thread (a view made by a sync call first included) nor wakes it, and sees what another store opened."""
+    monkeypatch.setattr(_sqlite_loop, "LINGER", 3600.0)  # never quiet, however slow the machine
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    wake = store._worker._wake = Wake()
+    assert store.admit(facts(store, origin(0)), P, 0).ticket is not None  # a view; no worker
+    other = SqliteStore(path, refresh=0)
+    loop = threading.get_ident()
+    assert (await store.admit_async(facts(store, origin(1)), P, 0)).ticket is not None
+    assert len(starts) == 1
+    fail(other, origin(1))
+    await refused_in_time(store, origin(1), origin(2))
+    fail(other, origin(3))
+    await refused_in_time(store, origin(3), origin(2))
+    assert len(starts) == 1 and loop not in starts
+    assert loop not in wake.setters
+    assert store.fallbacks == 0
+    store.close()
+    other.close()
+
+
+@pytest.mark.anyio
+async def test_after_a_quiet_spell_an_admission_wakes_the_worker(
+    tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that has seen no admission for `LINGER` sleeps until one wakes it (from the loop: setting an event, never starting a thread), then brings the view up to date again."""
+    monkeypatch.setattr(_sqlite_loop, "LINGER", 0.0)  # quiet as soon as no admission is seen
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    wake = store._worker._wake = Wake()
+    assert (await store.admit_async(facts(store, origin(0)), P, 0)).ticket is not None
+    worker = store._worker
+    await until(lambda: worker._idle)  # asleep: no admission read the view yet
+    other = SqliteStore(path, refresh=0)
+    fail(other, origin(1))
+    loop = threading.get_ident()
+    await refused_in_time(store, origin(1), origin(2))
+    assert loop in wake.setters  # woken by an admission
+    assert len(starts) == 1 and loop not in starts
+    store.close()
+    other.close()
+
+
+@pytest.mark.anyio
+async def test_a_worker_thread_that_ended_is_started_again_off_the_loop(
+    tmp_path: Path, starts: list[int]
+) -> None:
+    """Closed and used again, the store's next worker thread is started by an admission in a worker thread, never by the loop's."""
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    assert (await store.admit_async(facts(store, origin(0)), P, 0)).ticket is not None
+    store.close()
+    other = SqliteStore(path, refresh=0)
+    fail(other, origin(1))
+    await refused_in_time(store, origin(1), origin(2))
+    assert len(starts) == 2 and threading.get_ident() not in starts
+    store.close()
+    other.close()
+
+
+@pytest.mark.anyio
+async def test_reading_the_whole_file_lets_other_threads_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread turning many rows into the view pauses now and then (each `PACE_BURST` of work), so that an event loop waiting for the interpreter's lock gets it; the view it makes is whole."""
+    path = tmp_path / "s.db"
+    writer = SqliteStore(path, refresh=0)
+    for i in range(1, 101):
+        fail(writer, origin(i))
+    pauses: list[float] = []
+
+    class Clock:
+        perf_counter = staticmethod(time.perf_counter)
+
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            pauses.append(seconds)
+
+    monkeypatch.setattr(sqlite_file, "time", Clock)
+    monkeypatch.setattr(sqlite_file, "PACE_BURST", 0.0)  # every look at the clock is late
+    store = SqliteStore(path, refresh=0.01)
+    assert (await store.admit_async(facts(store, origin(0)), P, 0)).ticket is not None
+    assert len(pauses) >= 2 * (100 // 32)  # the rows read, then the view made of them
+    assert all(p == sqlite_file.PACE_PAUSE > 0 for p in pauses)
+    assert len(store) == 100
+    for i in range(1, 101):
+        assert (await store.admit_async(facts(store, origin(i)), P, 0)).ticket is None
+    store.close()
+    writer.close()
