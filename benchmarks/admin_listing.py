@@ -9,17 +9,23 @@ unrouted origins).
 - **The loop.** A probe task in the application sleeps 2 ms over and over and
   keeps how late each wake-up came. With 10,000 scopes, the worst, 99th and
   99.9th percentile lateness, and the 99th percentile of a ``/ping`` sent
-  every 20 ms, are taken over 30 s each: while idle; while a client lists
+  every 20 ms, and the CPU time the application's process used (all its
+  threads), are taken over 30 s each: while idle; while a client lists
   every row (``GET /sidestep/suspensions``, 2.5 MB) every 2 s; while the
   status page polls in headless Chromium with nothing changing; and while it
   polls as ten new origins are suspended every second (the store's bound
   forgets the ten oldest). Chromium runs the page as it is, with only a
   long-task observer added. The collector's full passes (generation 2), which hold every
   thread of the process whatever set them off, are counted and timed, and the
-  worst lateness outside them is given as well. A last phase has no admin app
+  worst lateness outside them is given as well. One phase has no admin app
   in it: a thread of the application takes the store's snapshot every 2 s, as
   a listing does first, which tells what the store's copy costs the loop by
   itself (and how long it takes).
+- **The machine.** Beside the application, a bare event loop in a process of
+  its own (no admin app, no store) sleeps 2 ms over and over through every
+  phase: how late it wakes is what the machine alone (other processes,
+  Chromium) costs a loop meanwhile, so that a busy machine is told apart from
+  the application's own stalls.
 - **The page.** Chromium opens the status page over 2,000 suspended unrouted
   origins while ten new ones are suspended every second. A
   ``PerformanceObserver('longtask')`` and a ``requestAnimationFrame`` loop
@@ -63,6 +69,7 @@ if str(SRC) not in sys.path:
 
 import _bench as b  # noqa: E402  (the runner's helpers, beside this file)
 from _bench import Row  # noqa: E402
+from _lateness import Machine, machine_beside  # noqa: E402
 
 SCENARIO = "admin_listing"
 TOKEN = "benchmark-admin-token"  # noqa: S105  # a local server of its own
@@ -242,9 +249,14 @@ def serve(port: int, tenants: int, origins: int) -> None:
     async def ping() -> str:
         return "pong"
 
+    cpu = [time.process_time()]
+
     @api.get("/lag")
     async def lag() -> dict[str, float]:
         figures = probe.take()
+        # every thread's, the probe's and the pings' too: what the phase cost the process
+        figures["cpu_ms"] = (time.process_time() - cpu[0]) * 1000
+        cpu[0] = time.process_time()
         if copies:
             figures["copy_ms"] = b.median(t * 1000 for t in copies)
             copies.clear()
@@ -320,9 +332,11 @@ def _pinging(url: str) -> Iterator[list[float]]:
         thread.join()
 
 
-def _phase(url: str, seconds: float, work: Any = None) -> dict[str, float]:
-    """The probe's figures, and /ping's 99th percentile, over `seconds` while `work` runs."""
+def _phase(url: str, machine: Machine, seconds: float, work: Any = None) -> dict[str, float]:
+    """The probe's figures, /ping's 99th percentile and the bare loop's figures (the
+    machine's), over `seconds` while `work` runs."""
     httpx.get(f"{url}/lag")  # starts a fresh window
+    machine.take()
     extra: dict[str, float] = {}
     with _pinging(url) as pings:
         if work is None:
@@ -330,7 +344,10 @@ def _phase(url: str, seconds: float, work: Any = None) -> dict[str, float]:
         else:
             extra = work(seconds) or {}
     figures = httpx.get(f"{url}/lag").json()
+    alone = machine.take()
     figures["ping_p99_ms"] = b.percentile(sorted(p * 1000 for p in pings), 0.99)
+    figures["machine_max_ms"] = alone["max_ms"]
+    figures["machine_p999_ms"] = alone["p999_ms"]
     return figures | extra
 
 
@@ -405,8 +422,16 @@ def _refreshed(driver: Any) -> bool:
     return str(status).startswith("Updated")
 
 
-def _watch_page(url: str, seconds: float, *, load_only: bool = False, frames: bool) -> Any:
-    """Chromium on the page: its first load, then `seconds` of refreshes and a scroll."""
+def _watch_page(
+    url: str,
+    seconds: float,
+    *,
+    load_only: bool = False,
+    frames: bool,
+    machine: Machine | None = None,
+) -> Any:
+    """Chromium on the page: its first load, then `seconds` of refreshes and a scroll (the
+    loop's and the `machine`'s windows start once the first refresh is drawn)."""
 
     def work(_: float) -> dict[str, Any]:
         driver, profile = _browser(frames=frames)
@@ -422,6 +447,8 @@ def _watch_page(url: str, seconds: float, *, load_only: bool = False, frames: bo
             if load_only:
                 return _tasks(driver.execute_script("return window.__long"), drawn, 0.0)
             httpx.get(f"{url}/lag")  # the loop's window starts once Chromium is up and drawing
+            if machine is not None:
+                machine.take()
             time.sleep(seconds / 2)
             driver.execute_script("window.scrollTo(0, document.body.scrollHeight)")
             time.sleep(0.5)
@@ -496,6 +523,9 @@ _LOOP_FIGURES = (
     ("p99_ms", "ms"),
     ("p999_ms", "ms"),
     ("ping_p99_ms", "ms"),
+    ("cpu_ms", "ms"),
+    ("machine_max_ms", "ms"),
+    ("machine_p999_ms", "ms"),
     ("copy_ms", "ms"),
     ("listing_ms", "ms"),
     ("listing_bytes", "bytes"),
@@ -520,6 +550,7 @@ def _loop_rows(phases: dict[str, dict[str, Any]], scopes: str) -> list[Row]:
         passes = sum(int(f["full_collections"]) for f in polling)
         longest = max(f["longest_full_collection_ms"] for f in polling)
         other = max(f["max_without_full_collection_ms"] for f in polling)
+        alone = max(f["machine_max_ms"] for f in polling)
         rows.append(
             b.verdict(
                 SCENARIO,
@@ -529,7 +560,7 @@ def _loop_rows(phases: dict[str, dict[str, Any]], scopes: str) -> list[Row]:
                 worst <= LOOP_LIMIT_MS,
                 f"the probe's latest 2 ms wake-up; {passes} full collections (longest"
                 f" {longest:.0f} ms), {other:.1f} ms outside them; idle:"
-                f" {phases['idle']['max_ms']:.1f} ms",
+                f" {phases['idle']['max_ms']:.1f} ms; a bare loop beside it: {alone:.1f} ms",
             )
         )
     return rows
@@ -571,19 +602,20 @@ def run(quick: bool) -> list[Row]:
     window = 4.0 if quick else 30.0  # each phase of the loop's measurement
     no_chromium = _chromium_missing()
     scopes = f"{tenants + origins:,} scopes"
-    with _application(tenants, origins) as url:
-        phases = {"idle": _phase(url, window)}
+    with _application(tenants, origins) as url, machine_beside() as machine:
+        phases = {"idle": _phase(url, machine, window)}
         phases["an API client listing every row each 2 s"] = _phase(
-            url, window, _list_every_row(url)
+            url, machine, window, _list_every_row(url)
         )
         # no admin app at all: a thread of the application copies the store as a listing does
-        phases["a thread copying the store every 2 s"] = _phase(url, window, _switched(url, "copy"))
+        copying = _switched(url, "copy")
+        phases["a thread copying the store every 2 s"] = _phase(url, machine, window, copying)
         if no_chromium is None:
             steady, churned = _PAGE_POLLING
             # the page as it runs: no frame loop of the benchmark's keeping Chromium busy
-            watch = _watch_page(url, window, frames=False)
-            phases[steady] = _phase(url, window, watch)
-            phases[churned] = _phase(url, window, _switched(url, "churn", watch))
+            watch = _watch_page(url, window, frames=False, machine=machine)
+            phases[steady] = _phase(url, machine, window, watch)
+            phases[churned] = _phase(url, machine, window, _switched(url, "churn", watch))
     rows = _loop_rows(phases, scopes)
     if no_chromium is not None:
         rows.append(b.row(SCENARIO, "page: skipped", None, "", no_chromium))

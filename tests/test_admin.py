@@ -28,6 +28,7 @@ from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
 from sidestep._classify import RATE_LIMITED, Kind, Verdict
 from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
+from sidestep._listing import Listed
 from sidestep._scopes import ScopeFacts, ScopeKind
 from sidestep.logging import add_observer, remove_observer
 from upstream import IN_TIME, Respond, Upstream
@@ -689,18 +690,21 @@ def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken
             if not gate.wait(60):
                 raise RuntimeError("the test never opened the gate")
 
-    row_of = sidestep._admin.as_json
+    def holding(encode: Callable[..., Any]) -> Callable[..., Any]:
+        def held_encoding(*args: Any) -> Any:
+            entered.set()
+            if not gate.wait(60):
+                raise RuntimeError("the test never opened the gate")
+            return encode(*args)
 
-    def held_row(*args: Any) -> Any:
-        entered.set()
-        if not gate.wait(60):
-            raise RuntimeError("the test never opened the gate")
-        return row_of(*args)
+        return held_encoding
 
     if held == "the snapshot":
         store.armed = True
     elif held == "the encoding of its rows":
-        monkeypatch.setattr("sidestep._admin.as_json", held_row)
+        # the page's rows, and the API's
+        monkeypatch.setattr("sidestep._admin.as_json", holding(sidestep._admin.as_json))
+        monkeypatch.setattr(Listed, "encoded", holding(Listed.encoded))
     else:
         add_observer(observer)
     method, path = request_line.split(" ")

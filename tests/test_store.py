@@ -447,7 +447,7 @@ def test_unbounded_reason_lasts_until_cleared(make_store: MakeStore) -> None:
     store.record(ticket, v, p, s, 0)
     assert admit(store, p, 1e9) is None
     (snap,) = store.snapshot(0)
-    assert snap.retry_in is None
+    assert snap.retry_in(1e9) is None
     assert store.clear(snap.scope_id)
     assert not store.clear(snap.scope_id)
     assert admit(store, p, 1) is not None

@@ -5,6 +5,8 @@ and peer, and yields the store operations it needs (`ListRows`, `ClearRow`)
 to the shell that performs them, sync (WSGI) or async (ASGI), then returns
 the `Answer`; `advance` takes it one step, so a shell may run the step after
 a listing (filtering, a page of rows, its JSON or HTML) off its event loop.
+A page of a listing, and its tag, are kept with the listing (`Listed.answers`):
+asked again of a store that has not changed, they are not worked out again.
 Clearing names who asked: the audit event's ``who``.
 """
 
@@ -17,7 +19,6 @@ import hashlib
 import hmac
 import html
 import json
-import math
 import time
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from urllib.parse import parse_qsl
 
 from ._listing import Listed, as_json, passes
 from ._store import ScopeStatus
+from ._turns import Turns
 
 __all__ = [
     "MAX_PAGE",
@@ -44,10 +46,10 @@ _FILTERS = ("route", "target", "reason")
 MAX_PAGE = 10_000
 """The most rows one answer holds, and how many it holds unless ``?limit=`` says fewer:
 the memory store's default bound, so a listing that held every row still does."""
-_SLICE = 16
-"""Rows handled between two chances for the process's other threads to run (about a
-millisecond of work): with a listing of thousands built in a worker thread, an event
-loop in the same process waits no longer than that for the interpreter's lock."""
+_LINES = 64
+"""Rows' lines hashed at once into a page's tag."""
+_KEPT = 16
+"""Pages (with their tags) a listing keeps for requests that ask for them again."""
 _PAGE = Path(__file__).with_name("_admin_page.html").read_text(encoding="utf-8")
 _API_HEADERS = [
     ("content-type", "application/json"),
@@ -221,10 +223,6 @@ def _limit(given: str | None) -> int | None:
     return min(int(given), MAX_PAGE)
 
 
-def _scope_id(status: ScopeStatus) -> str:
-    return status.scope_id
-
-
 @dataclass(frozen=True, slots=True)
 class _Page:
     """What a request asks of a listing: its filters, at most `limit` rows from just past
@@ -244,48 +242,62 @@ def _listing(listed: Listed, routes: dict[str, list[str]], now: float, asked: _P
     page (None on the last), so pages join into the whole list even while scopes
     come and go between them.
     """
-    statuses = listed.statuses
-    if asked.filters:
-        statuses = [s for s in statuses if passes(listed.pairs(s), s.reason, asked.filters)]
-    kept = sorted(statuses, key=_scope_id)
-    start = bisect.bisect_right(kept, asked.after, key=_scope_id) if asked.after else 0
-    page = kept[start : start + asked.limit]
-    more = start + asked.limit < len(kept)
-    head = {"routes": routes, "total": len(kept), "next": page[-1].scope_id if more else None}
-    tag = _tag(listed, head, page)
+    head, page, tag = _chosen(listed, routes, asked)
     if _held(asked.known, tag):
         return Answer(304, [("etag", tag), ("cache-control", "no-store")], b"")
     wall = time.time()
-    slices = []
-    for i in range(0, len(page), _SLICE):
-        # each row built just before it is encoded, and let go of once it is: thousands
-        # held at once would set off the collector's full passes, which hold every thread
-        rows = [as_json(listed.row(s), now, wall) for s in page[i : i + _SLICE]]
-        slices.append(json.dumps(rows)[1:-1])
-        _let_others_run()
-    body = f'{json.dumps(head)[:-1]}, "suspensions": [{", ".join(slices)}]}}'.encode()
+    turns = Turns()
+    rows = []
+    for s in page:
+        rows.append(listed.encoded(s, now, wall))
+        turns()
+    body = f'{json.dumps(head)[:-1]}, "suspensions": [{", ".join(rows)}]}}'.encode()
     headers = [*_API_HEADERS, ("etag", tag), ("content-length", str(len(body)))]
     return Answer(200, headers, body)
 
 
-def _tag(listed: Listed, head: dict[str, Any], page: list[ScopeStatus]) -> str:
+def _chosen(
+    listed: Listed, routes: dict[str, list[str]], asked: _Page
+) -> tuple[dict[str, Any], list[ScopeStatus], str]:
+    """The head, the rows and the tag of the page `asked` for: worked out once per listing
+    (a store that has not changed is listed again as the same `Listed`)."""
+    key = ("page", tuple(sorted(asked.filters.items())), asked.limit, asked.after)
+    found = listed.answers.get(key)
+    if found is not None and found[0]["routes"] == routes:
+        return found  # type: ignore[no-any-return]
+    turns = Turns()
+    kept = listed.by_id()
+    if asked.filters:
+        passing = []
+        for s in kept:
+            if passes(listed.pairs(s), s.reason, asked.filters):
+                passing.append(s)
+            turns()
+        kept = passing
+    start = bisect.bisect_right(kept, asked.after, key=_scope_id) if asked.after else 0
+    page = kept[start : start + asked.limit]
+    more = start + asked.limit < len(kept)
+    head = {"routes": routes, "total": len(kept), "next": page[-1].scope_id if more else None}
+    found = (head, page, _tag(listed, head, page, turns))
+    if len(listed.answers) >= _KEPT:
+        listed.answers.clear()
+    listed.answers[key] = found
+    return found
+
+
+def _scope_id(status: ScopeStatus) -> str:
+    return status.scope_id
+
+
+def _tag(listed: Listed, head: dict[str, Any], page: list[ScopeStatus], turns: Turns) -> str:
     """A weak entity tag of what the page says, to the second: the same rows, in the same
     states, for the same reasons, with the same counts and windows, give the same tag
     (``retry_in`` and ``opened_at`` are read off a moving clock; the window is not)."""
     digest = hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12)
-    for i in range(0, len(page), _SLICE * 4):
-        said = [
-            f"{s.scope_id} {listed.pairs(s)} {s.state.value} {s.reason} {s.failures}"
-            f" {_second(s.retry_at)} {_second(s.opened_at)}\n"
-            for s in page[i : i + _SLICE * 4]
-        ]
-        digest.update("".join(said).encode())
-        _let_others_run()
+    for i in range(0, len(page), _LINES):
+        digest.update("".join([listed.line(s) for s in page[i : i + _LINES]]).encode())
+        turns()
     return f'W/"{digest.hexdigest()}"'
-
-
-def _second(moment: float | None) -> str:
-    return "-" if moment is None or math.isinf(moment) else str(round(moment))
 
 
 def _held(known: str | None, tag: str) -> bool:
@@ -294,12 +306,6 @@ def _held(known: str | None, tag: str) -> bool:
         return False
     opaque = tag.removeprefix("W/")
     return any(t.strip() in ("*", opaque, tag) for t in known.split(","))
-
-
-def _let_others_run() -> None:
-    # a sleep of nothing hands the interpreter's lock to a thread waiting for it, which
-    # would otherwise wait out the switch interval (5 ms) each time it needs the lock
-    time.sleep(0)
 
 
 def _cross_site(origins: Origins) -> bool:
@@ -419,7 +425,7 @@ _ORIGINS = 100
 def _page(
     listed: Listed, routes: dict[str, list[str]], now: float, base: str, who: Token
 ) -> Answer:
-    statuses = sorted(listed.statuses, key=_scope_id)  # the API's order, which the script keeps
+    statuses = listed.by_id()  # the API's order, which the script keeps
     body = (
         _PAGE.replace("{{base}}", html.escape(base.rstrip("/") + "/"))
         .replace("{{may_clear}}", "true" if who.may_clear else "false")
@@ -434,8 +440,10 @@ def _summary(statuses: list[ScopeStatus]) -> str:
     if not statuses:
         return "Every target is healthy."
     states = {"open": 0, "half_open": 0, "closed": 0}
+    turns = Turns()
     for status in statuses:
         states[status.state.value] = states.get(status.state.value, 0) + 1
+        turns()
     counts = ", ".join(f"{n:,} {state.replace('_', '-')}" for state, n in states.items() if n)
     n = len(statuses)
     return f"{n:,} {'scope is' if n == 1 else 'scopes are'} not healthy: {counts}."
@@ -452,10 +460,12 @@ def _table(
     scopes. With scripts on, the page then shows them all.
     """
     wall = time.time()
+    turns = Turns()
     by_target: dict[tuple[str | None, str], list[ScopeStatus]] = {}
     for status in statuses:
         for pair in listed.pairs(status):
             by_target.setdefault(pair, []).append(status)
+        turns()
     groups: list[tuple[str | None, list[str]]] = [(name, names) for name, names in routes.items()]
     unrouted = sorted({t for (r, t) in by_target if r is None})
     if unrouted:

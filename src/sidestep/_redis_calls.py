@@ -291,7 +291,6 @@ class Calls:
                     reason=reason or None,
                     failures=int(failures),
                     retry_at=0.0 if closed else now + rel,
-                    retry_in=_retry_in(rel) if s is State.OPEN else 0.0,
                     opened_at=opened,
                 )
             )

@@ -218,8 +218,17 @@ class ScopeKey:
 
     @property
     def scope_id(self) -> str:
-        """An opaque, stable id for operators: a short hash of the key."""
-        return hashlib.blake2b(self.key.encode(), digest_size=8).hexdigest()
+        """An opaque, stable id for operators: a short hash of the key.
+
+        Worked out once per key and kept beside its fields, as its hash is: a
+        listing of thousands of scopes, and a clear looking for one, read every
+        kept key's id.
+        """
+        found: str | None = self.__dict__.get("_scope_id")
+        if found is None:
+            found = hashlib.blake2b(self.key.encode(), digest_size=8).hexdigest()
+            object.__setattr__(self, "_scope_id", found)
+        return found
 
 
 _ALL_KINDS = tuple(ScopeKind)

@@ -30,6 +30,7 @@ from ._failopen import FailOpen, LocalTicket
 from ._scopes import ScopeFacts, ScopeKey
 from ._sqlite_loop import Worker, admit_in_thread
 from ._sqlite_view import DEFAULT_PROBE_LEASE, UNAVAILABLE, FileView
+from ._statuses import status_of
 from ._store import (
     DEFAULT_MAX_SCOPES,
     Admission,
@@ -38,7 +39,6 @@ from ._store import (
     Ticket,
     Transition,
     _Origin,
-    _statuses,
 )
 
 if TYPE_CHECKING:
@@ -285,11 +285,14 @@ class SqliteStore(FileView):
         wall = self._wall(now)
         with self._tx.mutex:
             items = list(self._state.entries.items())
-        return [replace(s, retry_at=s.retry_at - wall + now) for s in _statuses(items, wall)]
+        return [replace(status_of(key, c), retry_at=c.retry_at - wall + now) for key, c in items]
 
     def clear(self, scope_id: str) -> bool:
         local = self._failopen.fallback.clear(scope_id)  # the local store may hold it too
         try:
+            if not self._failopen.down:
+                # the view brought up to date first: its scope is found before the write
+                self._poll(wait=True)
             return super().clear(scope_id) or local
         except UNAVAILABLE as exc:
             self._lost(exc)

@@ -202,6 +202,10 @@ class FileView(MemoryStore):
                 self._conn = None
                 self._version = self._change = -1
 
+    @property
+    def changes(self) -> int | None:
+        return None  # the file may have changed since the view last read it
+
     # -- MemoryStore's steps, with the file's leases and marks beside the view ----------
 
     def _admit(
@@ -233,6 +237,12 @@ class FileView(MemoryStore):
     def _forget(self, key: ScopeKey) -> None:
         super()._forget(key)
         self._tx.origins.add(key.origin)
+
+    def _clear(self, scope_id: str, key: ScopeKey | None) -> bool:
+        if key is None or key not in self._state.entries:
+            # another process's scope, read in as the write began
+            key = next((k for k in self._state.entries if k.scope_id == scope_id), None)
+        return super()._clear(scope_id, key)
 
     def _prune_origins(self) -> None:
         before = set(self._state.origins)

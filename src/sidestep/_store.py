@@ -9,11 +9,16 @@ Only unhealthy scopes are kept. While an origin has none, admission is one
 dictionary look-up: the request's model and credential are never worked out.
 They are bounded (`max_scopes`): room is made by forgetting unrouted traffic's
 scopes first, and never a route's for unrouted traffic (`_evict`).
+
+Operators' reads stay off the lock but for a copy: a snapshot hands out again
+the status of every scope whose circuit has not changed since the last one
+(``_statuses``), the store counts its changes (`changes`), so that a listing
+of an unchanged store need not be taken again, and a clear finds its scope by
+the ids the keys keep before it takes the lock.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -23,6 +28,7 @@ from . import _circuit as circuit
 from ._circuit import Circuit, Entry, State
 from ._classify import Kind, Verdict
 from ._scopes import Fingerprinter, ScopeFacts, ScopeKey, ScopeKind
+from ._statuses import Statuses
 from ._store_protocol import (
     Admission,
     Refusal,
@@ -32,6 +38,7 @@ from ._store_protocol import (
     Transition,
     store_id,
 )
+from ._turns import Turns
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy, Suspensions
@@ -96,6 +103,8 @@ class MemoryStore:
         # without the lock, and before `_seq`.
         self._kept = self._state.entries
         self._seq = 0
+        self._changes = 0  # every write to the scopes kept (`changes`)
+        self._statuses = Statuses()
         # The suspended scopes the current operation forgot to make room (under the lock).
         self._dropped: list[Transition] = []
 
@@ -104,6 +113,13 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return len(self._state.entries)
+
+    @property
+    def changes(self) -> int | None:
+        """How many times the scopes kept have changed: while it stays the same, a
+        snapshot lists what the last one did (None from a store that cannot tell
+        without asking where its state lives)."""
+        return self._changes
 
     # -- admission ---------------------------------------------------------
 
@@ -209,6 +225,7 @@ class MemoryStore:
                     if not change:
                         return None
                     entries[key] = after
+                    self._changes += 1
                     if after.generation != c.generation:
                         self._seq += 1
                         transitions.append(_transition(key, after, c.state, now))
@@ -374,6 +391,7 @@ class MemoryStore:
                 continue
             if c.generation == ticket.generations.get(key):
                 entries[key] = circuit.release(c)
+                self._changes += 1
 
     # -- bookkeeping ----------------------------------------------------------
 
@@ -393,10 +411,12 @@ class MemoryStore:
             if key.kind is ScopeKind.ORIGIN:
                 kept.key = key  # the very key of the entry: found by identity
         entries[key] = after
+        self._changes += 1
         return True
 
     def _forget(self, key: ScopeKey) -> None:
         del self._state.entries[key]
+        self._changes += 1
         origin = self._state.origins[key.origin]
         origin.unhealthy -= 1
         origin.forgot = self._seq
@@ -452,21 +472,35 @@ class MemoryStore:
     # -- operators -------------------------------------------------------------
 
     def snapshot(self, now: float) -> list[ScopeStatus]:
+        # `now` is unused: a status holds nothing that depends on the time it is read
         with self._lock:
-            items = list(self._state.entries.items())
-        return _statuses(items, now)
+            # two lists, not a pair per scope: thousands of pairs held while the statuses
+            # are made would outlive collections of the youngest objects
+            entries = self._state.entries
+            keys, circuits = list(entries), list(entries.values())
+        return self._statuses.of(keys, circuits)
 
     def clear(self, scope_id: str) -> bool:
+        key = self._scope(scope_id)
         with self._lock:
-            return self._clear(scope_id)
+            return self._clear(scope_id, key)
 
-    def _clear(self, scope_id: str) -> bool:
-        for key in self._state.entries:
+    def _scope(self, scope_id: str) -> ScopeKey | None:
+        """The kept scope of that id, found without the lock: keys keep their ids."""
+        turns = Turns()
+        for key in list(self._state.entries):
             if key.scope_id == scope_id:
-                self._seq += 1
-                self._forget(key)
-                return True
-        return False
+                return key
+            turns()
+        return None
+
+    def _clear(self, scope_id: str, key: ScopeKey | None) -> bool:
+        """Forget `key` (the scope of `scope_id` found before the lock was taken), if kept."""
+        if key is None or key not in self._state.entries:
+            return False
+        self._seq += 1
+        self._forget(key)
+        return True
 
     # -- async twins: nothing here waits, so they just call through -------------
 
@@ -502,29 +536,6 @@ def verdict_keys(facts: ScopeFacts, verdict: Verdict) -> tuple[ScopeKey, ...]:
     if verdict.also is None:
         return (facts.key(verdict.scope),)
     return tuple(dict.fromkeys((facts.key(verdict.scope), facts.key(verdict.also))))
-
-
-def _statuses(items: list[tuple[ScopeKey, Circuit]], now: float) -> list[ScopeStatus]:
-    return [
-        ScopeStatus(
-            key.scope_id,
-            key,
-            c.state,
-            c.reason,
-            c.failures,
-            c.retry_at,
-            c.retry_in(now),
-            _opened_at(c),
-        )
-        for key, c in items
-    ]
-
-
-def _opened_at(c: Circuit) -> float | None:
-    """When an open or half-open scope's latest window began (unknown for one until cleared)."""
-    if c.state is State.CLOSED or math.isinf(c.retry_at):
-        return None
-    return c.retry_at - c.window
 
 
 def _refusal(key: ScopeKey, c: Circuit) -> Refusal:

@@ -10,6 +10,7 @@ shared stores run its steps or repeat them atomically.
 from __future__ import annotations
 
 import hashlib
+import math
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -118,16 +119,27 @@ class Admission(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ScopeStatus:
-    """A snapshot of one unhealthy scope (no credential, no URL path)."""
+    """A snapshot of one unhealthy scope (no credential, no URL path).
+
+    Nothing in it depends on when it was taken: a store may hand out the same
+    status again for as long as its scope is unchanged, and the time left in
+    its window is worked out when it is asked for (`retry_in`).
+    """
 
     scope_id: str
     scope: ScopeKey
     state: State
     reason: str | None
     failures: int
-    retry_at: float
-    retry_in: float | None
+    retry_at: float  # on the caller's clock; math.inf while open until cleared
     opened_at: float | None = None  # when its current window began; None when it has no end
+
+    def retry_in(self, now: float) -> float | None:
+        """Seconds from `now` until re-admission while open; None when open until cleared,
+        0 when not open."""
+        if self.state is not State.OPEN:
+            return 0.0
+        return None if math.isinf(self.retry_at) else max(0.0, self.retry_at - now)
 
 
 class StateStore(Protocol):

@@ -9,7 +9,6 @@ httpx2 in `sidestep.httpx2`) by a two-line subclass.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any, ClassVar
@@ -22,9 +21,9 @@ from ._attempts import Core
 from ._config import Config
 from ._effects import Call, Clock, Close, Read, Scan, Send, Sleep
 from ._flavour import Flavour, is_proxy
-from ._listing import Listing, StoreUnavailable, Suspension, suspensions
+from ._listing import Listing, StoreUnavailable, Suspension
 from ._run import Run
-from ._store import ScopeStatus, StateStore
+from ._store import StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
 
@@ -76,6 +75,8 @@ class _Shell:
         # the condition; an async one waits on an event, kept with its event loop.
         self._waits = threading.Condition()
         self._sleeping: dict[anyio.Event, EventLoopToken] = {}
+        # What `suspensions()` lists: a shared store that is away lists its local stand-in.
+        self._view = Listing(self._core.store, self._core.router, self._core.clock, strict=False)
 
     @property
     def inner(self) -> Any:
@@ -104,11 +105,7 @@ class _Shell:
 
     def suspensions(self) -> list[Suspension]:
         """A snapshot of the scopes that are not healthy (origins only, never credentials)."""
-        listed_at, now = time.monotonic(), self._core.clock()
-        return self._suspensions(self._core.store.snapshot(now), listed_at)
-
-    def _suspensions(self, snapshot: list[ScopeStatus], listed_at: float) -> list[Suspension]:
-        return suspensions(snapshot, self._core.router, self._core.store, listed_at)
+        return self._view.suspensions()
 
     def clear(self, scope_id: str) -> bool:
         """Close one scope by hand; whether it was unhealthy and is cleared now.
@@ -118,12 +115,9 @@ class _Shell:
         False as well when a shared store did not answer: nothing is known cleared.
         """
         try:
-            return self._listing().clear(scope_id, "application") is not None
+            return self._view.clear(scope_id, "application") is not None
         except StoreUnavailable:
             return False
-
-    def _listing(self) -> Listing:
-        return Listing(self._core.store, self._core.router, self._core.clock)
 
 
 class _SyncShell(_Shell):
@@ -334,14 +328,15 @@ class _AsyncShell(_Shell):
                 woken.set()
 
     async def asuspensions(self) -> list[Suspension]:
-        """`suspensions()` without blocking the event loop on a shared store."""
-        listed_at, now = time.monotonic(), self._core.clock()
-        return self._suspensions(await self._core.store.snapshot_async(now), listed_at)
+        """`suspensions()` without blocking the event loop: a memory store is read, and the
+        rows of any store are built, in a worker thread; a shared store is read with its
+        async methods."""
+        return await self._view.asuspensions()
 
     async def aclear(self, scope_id: str) -> bool:
         """`clear()` without blocking the event loop on a shared store."""
         try:
-            return await self._listing().aclear(scope_id, "application") is not None
+            return await self._view.aclear(scope_id, "application") is not None
         except StoreUnavailable:
             return False
 
