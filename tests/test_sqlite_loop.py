@@ -25,7 +25,7 @@ CONNECT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=T
 P = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)
 SUSPENSIONS = Suspensions()
 
-pytestmark = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+BACKENDS = pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 
 
 def origin(i: int) -> str:
@@ -92,6 +92,7 @@ async def refused_in_time(store: SqliteStore, at: str, healthy: str) -> None:
             await anyio.sleep(0.001)
 
 
+@BACKENDS
 @pytest.mark.anyio
 async def test_admissions_on_the_loop_neither_start_nor_wake_the_worker(
     tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch
@@ -117,6 +118,7 @@ async def test_admissions_on_the_loop_neither_start_nor_wake_the_worker(
     other.close()
 
 
+@BACKENDS
 @pytest.mark.anyio
 async def test_after_a_quiet_spell_an_admission_wakes_the_worker(
     tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch
@@ -139,6 +141,7 @@ async def test_after_a_quiet_spell_an_admission_wakes_the_worker(
     other.close()
 
 
+@BACKENDS
 @pytest.mark.anyio
 async def test_a_worker_thread_that_ended_is_started_again_off_the_loop(
     tmp_path: Path, starts: list[int]
@@ -156,6 +159,7 @@ async def test_a_worker_thread_that_ended_is_started_again_off_the_loop(
     other.close()
 
 
+@BACKENDS
 @pytest.mark.anyio
 async def test_reading_the_whole_file_lets_other_threads_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -185,3 +189,59 @@ async def test_reading_the_whole_file_lets_other_threads_in(
         assert (await store.admit_async(facts(store, origin(i)), P, 0)).ticket is None
     store.close()
     writer.close()
+
+
+def test_a_probe_given_back_after_the_store_closed_starts_no_thread_on_the_loop(
+    tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admission that took a probe slot in a worker thread, whose caller is cancelled
+    (asyncio's own cancel, which drops the thread's answer) once the store was closed and
+    its worker thread ended, gives the slot back to the file, and the loop's thread starts
+    no worker thread to do it. (Under trio a cancelled caller still gets its thread's
+    answer, so nothing is abandoned there.)"""
+    import asyncio
+
+    answered, proceed = threading.Event(), threading.Event()
+    admit = _sqlite_loop._Handoff.admit
+
+    def held(self: _sqlite_loop._Handoff, *args: object) -> object:
+        admission = admit(self, *args)  # type: ignore[arg-type]
+        answered.set()
+        proceed.wait(60)  # the caller is cancelled while its answer waits here
+        return admission
+
+    monkeypatch.setattr(_sqlite_loop._Handoff, "admit", held)
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    other = SqliteStore(path, refresh=0)  # another process's (made first: it would forget
+    for s in (store, other):  # rows of 1970 as older than its ttl)
+        s._caller_clock = True  # windows on the callers' `now`: 601 is past the cooldown
+    fail(store, origin(1))
+    worker = store._worker
+
+    def probe() -> bool:
+        ticket = other.admit(facts(other, origin(1)), P, 601).ticket
+        if ticket is None:
+            return False
+        other.release(ticket)
+        return bool(ticket.probes)
+
+    async def main() -> int:
+        task = asyncio.ensure_future(store.admit_async(facts(store, origin(1)), P, 601))
+        try:
+            await until(answered.is_set)  # the probe slot is taken, in the file
+            assert not probe()  # ... and held: another process gets no probe
+            store.close()  # its worker thread ends
+            await until(lambda: worker._thread is not None and not worker._thread.is_alive())
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            proceed.set()
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    assert probe()  # the slot went back to the file, before the cancelled caller went on
+    assert loop_thread not in starts
+    store.close()
+    other.close()

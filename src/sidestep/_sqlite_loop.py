@@ -12,7 +12,10 @@ finds no view yet), since starting a thread waits for it to run. An
 admission that needs the file runs in anyio's worker threads; if its caller
 is cancelled meanwhile (asyncio's own ``Task.cancel``, which no anyio
 shield holds back, drops the thread's answer), the probe slots it took are
-given back at once rather than when their lease ends.
+given back at once rather than when their lease ends: by the worker's thread,
+or, when the store was closed meanwhile and that thread has ended, in a
+worker thread the cancelled caller waits for (no thread is started on the
+loop to do it).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class Worker:
         self._stopped = False
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
+        self._serving = False  # a thread runs that will look at `_releases` again
         weakref.finalize(store, self.stop)
 
     def use(self) -> bool:
@@ -91,11 +95,16 @@ class Worker:
         if not self._stopped:
             self._spawn()
 
-    def release(self, ticket: Ticket) -> None:
-        """Give back the probe slots of a ticket nobody will use."""
-        self._releases.append(ticket)
-        self._spawn()  # even once stopped: the slots go back all the same
+    def release(self, ticket: Ticket) -> bool:
+        """Have the thread give back the probe slots of a ticket nobody will use. False
+        when no thread runs to do so (never started, or ended with the store's close):
+        starting one here would hold the event loop until it runs."""
+        with self._start_lock:
+            if not self._serving:
+                return False
+            self._releases.append(ticket)
         self._wake.set()
+        return True
 
     def stop(self) -> None:
         self._stopped = True
@@ -109,13 +118,23 @@ class Worker:
                     self._thread = threading.Thread(
                         target=_run, args=(self,), name="sidestep-sqlite", daemon=True
                     )
+                    self._serving = True
                     self._thread.start()
+
+    def _ending(self) -> bool:
+        """The thread is about to end: true unless a release came in meanwhile."""
+        with self._start_lock:
+            if self._releases:
+                return False
+            self._serving = False  # from now on, releases go elsewhere
+            return True
 
 
 def _run(worker: Worker) -> None:
     try:
         _serve(worker)
     finally:
+        worker._serving = False
         worker.awake = worker._idle = False  # gone: the next admission starts another
 
 
@@ -130,7 +149,9 @@ def _serve(worker: Worker) -> None:
         while worker._releases:
             store.release(worker._releases.popleft())
         if worker._stopped:
-            return
+            if worker._ending():
+                return
+            continue  # a release came in after all: give it back first
         now, used = time.monotonic(), worker.used
         if used:
             last_use = now
@@ -179,13 +200,18 @@ class _Handoff:
             self._store.release(admission.ticket)  # its caller is gone: in this thread, now
         return admission
 
-    def abandon(self) -> None:
-        """The caller stopped waiting: an answer made already gives its slots back."""
+    def abandon(self) -> Ticket | None:
+        """The caller stopped waiting: an answer made already gives its slots back, by the
+        worker's thread. Returned when that thread has ended (the store was closed
+        meanwhile): then the caller gives them back."""
         with self._lock:
             self._gone = True
             answer, self._answer = self._answer, None
-        if answer is not None and answer.ticket is not None and answer.ticket.probes:
-            self._worker.release(answer.ticket)  # not on the event loop: the worker's thread
+        if answer is None or answer.ticket is None or not answer.ticket.probes:
+            return None
+        if self._worker.release(answer.ticket):
+            return None
+        return answer.ticket
 
 
 async def admit_in_thread(
@@ -201,5 +227,10 @@ async def admit_in_thread(
     try:
         return await anyio.to_thread.run_sync(handoff.admit, facts, policy, now, lease)
     except BaseException:
-        handoff.abandon()
+        ticket = handoff.abandon()
+        if ticket is not None:
+            # No worker to give the slots back (the store was closed while this admission
+            # ran): the cancelled caller waits for that one write, in a worker thread.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(store.release, ticket)
         raise
