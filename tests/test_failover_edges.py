@@ -21,9 +21,8 @@ import pytest
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver, elapsed, route
 from sidestep._config import SidestepConfigWarning
-from upstream import IN_TIME, Hang, Respond, Seen, Stream, Upstream, wait_for
+from upstream import CLIENT_TIMEOUT, IN_TIME, Hang, Respond, Seen, Stream, Upstream, wait_for
 
-CLIENT_TIMEOUT = 60.0
 SSE = "text/event-stream"
 RETRY_INFO = "type.googleapis.com/google.rpc.RetryInfo"
 
@@ -272,7 +271,9 @@ def test_a_burst_of_spent_successes_suspends_the_scope_once(
     gate = threading.Event()
     spent = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "30s"}
     a.behaviour = lambda _: Respond(body="a", headers=dict(spent), gate=gate)
-    d = make(pair(a, b, route={"avoid_rate_limits": True}), clock=FakeClock())
+    d = make(
+        pair(a, b, route={"avoid_rate_limits": True}), clock=FakeClock(), timeout=CLIENT_TIMEOUT
+    )
     opener = threading.Thread(target=lambda: (wait_for(lambda: a.calls == 10), gate.set()))
     opener.start()
     results = d.many(10, "POST", a.url + "/v1/chat", json={"q": 1})

@@ -44,7 +44,7 @@ from sidestep import logging as events
 from sidestep._routes import Candidates
 from sidestep._store import MemoryStore
 from test_fast_path import BACKUP, ORIGIN
-from upstream import Hang, Reset, Respond, Seen, Upstream, wait_for
+from upstream import CLIENT_TIMEOUT, Hang, Reset, Respond, Seen, Upstream, wait_for
 
 
 class OneShotFile:
@@ -444,7 +444,7 @@ def test_a_hammered_direct_route_stays_lean_while_another_origin_opens_and_close
     clock = FakeClock()
     config = _pair(a, b)
     config["routes"].append({"name": "other", "targets": [{"name": "c", "url": c.url + "/v1"}]})
-    driver = make(config, clock=clock)
+    driver = make(config, clock=clock, timeout=CLIENT_TIMEOUT)
     status = [503]
     c.behaviour = lambda _: Respond(status[0], b"c")
     rounds = 0

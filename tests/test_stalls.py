@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 
 from drivers import MakeDriver, elapsed, route
-from upstream import IN_TIME, Hang, HeadersThenHang, Respond, Seen, Stream, Upstream
+from upstream import CLIENT_TIMEOUT, IN_TIME, Hang, HeadersThenHang, Respond, Seen, Stream, Upstream
 
-CLIENT_TIMEOUT = 60.0  # the caller's own timeout: far above every limit under test
 FIRST_BYTE = IN_TIME  # the backup's answer meets it too
 
 

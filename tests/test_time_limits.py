@@ -29,9 +29,17 @@ from drivers import FakeClock, MakeDriver, elapsed, route
 from sidestep._attempts import Core
 from sidestep._config import Config
 from sidestep._flavour import Flavour
-from upstream import IN_TIME, Hang, Respond, Stream, Upstream, release_after_seen, wait_for
+from upstream import (
+    CLIENT_TIMEOUT,
+    IN_TIME,
+    Hang,
+    Respond,
+    Stream,
+    Upstream,
+    release_after_seen,
+    wait_for,
+)
 
-CLIENT_TIMEOUT = 60.0  # the caller's own timeout: far above every limit under test
 LIMIT = 0.2  # the limit under test where no healthy answer has to meet it, in seconds
 HELD = 0.6  # how long a held answer is kept back, at least: three times the limit
 STREAMED = {"q": 1, "stream": True}  # a request body asking for a streamed answer

@@ -15,6 +15,7 @@ import pytest
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver, Result, elapsed, route
 from upstream import (
+    CLIENT_TIMEOUT,
     IN_TIME,
     Hang,
     HeadersThenHang,
@@ -28,9 +29,6 @@ from upstream import (
 )
 
 EVENT_STREAM = {"accept": "text/event-stream"}  # a request that asks for a streamed answer
-# The caller's own timeout where a test holds answers back while other requests run, or
-# tells a limit under test from it: far above either, so that it never decides a test.
-CLIENT_TIMEOUT = 60.0
 
 
 def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:

@@ -36,6 +36,17 @@ def slow_and_fast(seen: Any) -> Any:
     return Hang() if seen.path == "/slow" else Respond(body="fast")
 
 
+def timed_out(seen: list[str], a: Upstream) -> None:
+    """Every request sent timed out, and the only others were turned away by the endpoint.
+
+    Eight requests at once all time out; but on a busy machine one may start only after
+    three others timed out (0.2 s each), and find the endpoint open, as it should.
+    """
+    sent = [s.path for s in a.seen].count("/slow")
+    assert sent >= THRESHOLD
+    assert sorted(seen) == ["AllCandidatesSuspended"] * (8 - sent) + ["ReadTimeout"] * sent
+
+
 @pytest.fixture(params=STORES)
 def store(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A memory store, or a Redis store on an emptied real Redis."""
@@ -97,7 +108,7 @@ def test_concurrent_timeouts_of_one_endpoint_never_open_its_origin(
         return list(await asyncio.gather(*(one() for _ in range(8))))
 
     try:
-        assert d.run(burst()) == ["ReadTimeout"] * 8
+        timed_out(d.run(burst()), a)
         assert [outcome(d, a.url + p) for p in ("/fast", "/other")] == [200, 200]
     finally:
         if isinstance(store, sidestep.RedisStore):
@@ -109,13 +120,15 @@ def test_concurrent_timeouts_of_one_endpoint_never_open_its_origin(
 def test_timeouts_of_one_endpoint_from_many_threads_never_open_its_origin(
     kind: str, store: Any, a: Upstream
 ) -> None:
-    """Eight threads time out on one hung path at once; the origin's other paths still answer afterwards."""
+    """Eight threads time out on one hung path at once (or, a thread late by the read
+    budget, are turned away by the endpoint, open after three timeouts); the origin's
+    other paths still answer afterwards."""
     a.behaviour = slow_and_fast
     d = fresh(kind, store, FakeClock())
     try:
         with ThreadPoolExecutor(8) as pool:
             seen = list(pool.map(lambda _: outcome(d, a.url + "/slow"), range(8)))
-        assert seen == ["ReadTimeout"] * 8
+        timed_out(seen, a)
         assert [outcome(d, a.url + p) for p in ("/fast", "/other")] == [200, 200]
     finally:
         d.close()

@@ -99,6 +99,11 @@ IN_TIME = 2.0
 # state would read it. conftest.py gives stores built in the test process this default;
 # processes a test starts are given it in their store's settings.
 STORE_WAIT = 10.0
+# The caller's own timeout where a test holds answers back while other requests run, or
+# tells a limit under test from it, or sends many requests from many threads: far above
+# either, so that it never decides a test (on a busy machine, 32 threads and the upstream's
+# own thread sharing one interpreter take seconds for an answer now and then).
+CLIENT_TIMEOUT = 60.0
 
 
 def free_port() -> int:
