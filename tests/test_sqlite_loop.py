@@ -14,8 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sidestep import _sqlite_file as sqlite_file
-from sidestep import _sqlite_loop
+from sidestep import _sqlite_loop, _turns
 from sidestep._classify import Kind, Verdict
 from sidestep._config import BreakerPolicy, Suspensions
 from sidestep._scopes import ScopeFacts, ScopeKind
@@ -164,7 +163,9 @@ async def test_a_worker_thread_that_ended_is_started_again_off_the_loop(
 async def test_reading_the_whole_file_lets_other_threads_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A thread turning many rows into the view pauses now and then (each `PACE_BURST` of work), so that an event loop waiting for the interpreter's lock gets it; the view it makes is whole."""
+    """A thread turning many rows into the view pauses now and then (each `TURN` of work,
+    for `PAUSE`), so that an event loop waiting for the interpreter's lock gets it; the
+    view it makes is whole."""
     path = tmp_path / "s.db"
     writer = SqliteStore(path, refresh=0)
     for i in range(1, 101):
@@ -178,12 +179,12 @@ async def test_reading_the_whole_file_lets_other_threads_in(
         def sleep(seconds: float) -> None:
             pauses.append(seconds)
 
-    monkeypatch.setattr(sqlite_file, "time", Clock)
-    monkeypatch.setattr(sqlite_file, "PACE_BURST", 0.0)  # every look at the clock is late
+    monkeypatch.setattr(_turns, "time", Clock)
+    monkeypatch.setattr(_turns, "TURN", 0.0)  # every look at the clock is late
     store = SqliteStore(path, refresh=0.01)
     assert (await store.admit_async(facts(store, origin(0)), P, 0)).ticket is not None
-    assert len(pauses) >= 2 * (100 // 32)  # the rows read, then the view made of them
-    assert all(p == sqlite_file.PACE_PAUSE > 0 for p in pauses)
+    assert len(pauses) >= 2 * 100  # the rows read, then the view made of them
+    assert all(p == _turns.PAUSE > 0 for p in pauses)
     assert len(store) == 100
     for i in range(1, 101):
         assert (await store.admit_async(facts(store, origin(i)), P, 0)).ticket is None

@@ -260,7 +260,10 @@ async def test_the_event_loop_never_reads_the_file(kept: Path) -> None:
 
 
 def test_a_probe_abandoned_across_close_is_still_given_back(tmp_path: Path) -> None:
-    """An async admission whose caller gives up after its thread took the only probe slot, the store closed meanwhile, still gives the slot back at once rather than when its lease ends."""
+    """An async admission whose caller gives up after its thread took the only probe slot,
+    the store closed meanwhile: while the closed store's worker still runs, the worker
+    gives the slot back at once (rather than when its lease ends); once it has ended, the
+    hand-off gives the ticket to its caller to give back (it starts no thread)."""
     policy = BreakerPolicy(failure_threshold=2, cooldown=1, max_cooldown=60, half_open_probes=1)
     store = SqliteStore(tmp_path / "s.db", refresh=0)
     store._caller_clock = True
@@ -271,12 +274,30 @@ def test_a_probe_abandoned_across_close_is_still_given_back(tmp_path: Path) -> N
     handoff = _Handoff(store, store._worker)  # as `admit_in_thread` makes it
     taken = handoff.admit(facts(store), policy, 2, 3600.0).ticket  # the thread's answer
     assert taken is not None and taken.probes
+    worker = store._worker
     store.close()  # the application shuts down while the caller still waits
-    handoff.abandon()  # then the caller is cancelled
+    left = handoff.abandon()  # then the caller is cancelled
+    if left is not None:  # the worker had ended already
+        assert left is taken and worker._thread is not None
+        assert not worker._thread.is_alive()
+        store.release(left)  # as `admit_in_thread` does, in a worker thread
 
     def probes() -> bool:
         ticket = store.admit(facts(store), policy, 2).ticket
-        return ticket is not None and bool(ticket.probes)
+        if ticket is None:
+            return False
+        store.release(ticket)
+        return bool(ticket.probes)
 
     wait_for(probes)  # long before the hour's lease could end
+    handoff = _Handoff(store, store._worker)
+    taken = handoff.admit(facts(store), policy, 2, 3600.0).ticket
+    assert taken is not None and taken.probes
+    worker = store._worker
+    store.close()
+    wait_for(lambda: worker._thread is not None and not worker._thread.is_alive())
+    assert handoff.abandon() is taken  # no thread to give it back: the caller does
+    assert not worker._thread.is_alive()  # and none was started for it
+    store.release(taken)
+    assert probes()
     store.close()

@@ -13,8 +13,8 @@ deletes, with the next change number, so a reader learns what changed
 since the change it last saw from those rows alone (`changes`), however
 many scopes the file keeps. Tombstones older than `KEEP_TOMBSTONES` changes
 are pruned; a reader further behind reads the whole file again. Many rows
-are turned into values `paced`: the thread doing it lets other threads of
-the process in every millisecond or so, an event loop's above all.
+are turned into values `paced` (`_turns`): the thread doing it lets other
+threads of the process in every millisecond or so, an event loop's above all.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import contextlib
 import os
 import secrets
 import sqlite3
-import time
-from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 from ._circuit import Bucket, Circuit, State
 from ._scopes import ScopeKey, ScopeKind
+from ._turns import paced
 
 __all__ = [
     "Changes",
@@ -44,7 +44,6 @@ __all__ = [
     "immediate",
     "lease_end",
     "load",
-    "paced",
     "release_lease",
     "take_key",
 ]
@@ -91,15 +90,6 @@ _TABLES = (
 _OLD_TABLES = ("scopes", "origins", "leases", "gone", "counters")
 
 Row = tuple[Any, ...]
-# Turning rows into values is pure Python, the interpreter's lock held throughout but for
-# the moments SQLite steps to the next row (too short for a waiting thread to wake and take
-# it): a thread at 10,000 rows would keep an event loop's thread waiting for the lock,
-# a switch interval (5 ms) at a time. After `PACE_BURST` seconds of such work, it sleeps
-# `PACE_PAUSE`: long enough for a waiting thread to take the lock.
-PACE_BURST = 0.001
-PACE_PAUSE = 0.0001
-_PACE_EVERY = 32  # items between two looks at the clock
-_T = TypeVar("_T")
 
 
 class Counters(NamedTuple):
@@ -231,17 +221,6 @@ def lease_end(conn: sqlite3.Connection, key: ScopeKey, generation: int) -> float
         "SELECT MIN(until) FROM leases WHERE key = ? AND generation = ?", (key.key, generation)
     ).fetchone()[0]
     return float(until) if until is not None else 0.0
-
-
-def paced(items: Iterable[_T]) -> Iterator[_T]:
-    """`items`, the interpreter's lock let go for `PACE_PAUSE` after each `PACE_BURST` of
-    work on them (by the thread iterating, on each item, since the last pause)."""
-    until = time.perf_counter() + PACE_BURST
-    for n, item in enumerate(items, 1):
-        yield item
-        if n % _PACE_EVERY == 0 and time.perf_counter() >= until:
-            time.sleep(PACE_PAUSE)
-            until = time.perf_counter() + PACE_BURST
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from . import _sqlite_file as sqlite_file
 from ._circuit import Circuit, State
 from ._scopes import ScopeFacts, ScopeKey, ScopeKind
 from ._store import Admission, MemoryStore, Ticket, _Origin, _Scopes
+from ._turns import paced
 
 if TYPE_CHECKING:
     from ._config import BreakerPolicy
@@ -313,7 +314,7 @@ class FileView(MemoryStore):
             news = sqlite_file.changes(conn, self._change, found)
             for key in news.gone:
                 self._take(key, None, 0.0)
-            for key, c, ends in sqlite_file.paced(news.scopes):
+            for key, c, ends in paced(news.scopes):
                 self._take(key, c, ends)
             origins = self._state.origins
             for name, forgot in news.origins:
@@ -326,7 +327,7 @@ class FileView(MemoryStore):
         entries = _View()
         state = _Scopes(entries=entries)
         ends: dict[ScopeKey, float] = {}
-        for key, c, end in sqlite_file.paced(scopes):
+        for key, c, end in paced(scopes):
             dict.__setitem__(entries, key, c)
             kept = state.origins.setdefault(key.origin, _Origin())
             kept.unhealthy += 1
