@@ -31,7 +31,7 @@ import httpx
 
 import sidestep
 from sidestep import logging as events
-from sidestep._demo import LocalUpstream, Mode, Tally, _through, drive
+from sidestep._ops.demo import LocalUpstream, Mode, Tally, _through, drive
 
 Row = dict[str, Any]
 THRESHOLD = 3  # consecutive failures that open a circuit, for every breaker alike
@@ -630,6 +630,6 @@ def ms(seconds: float) -> float:
 
 def quiet_logs() -> Any:
     """structlog events dropped while a benchmark runs (sidestep would log every skip)."""
-    from sidestep._demo import quiet_logs as quiet
+    from sidestep._ops.demo import quiet_logs as quiet
 
     return quiet()

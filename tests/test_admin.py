@@ -22,14 +22,15 @@ from fastapi.middleware.cors import CORSMiddleware
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
-import sidestep._admin
+import sidestep._ops.admin
 import sidestep.admin
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
-from sidestep._classify import RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
-from sidestep._listing import Listed
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._answers.classify import RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._core.listing import Listed
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from upstream import IN_TIME, Respond, Upstream
 
@@ -703,7 +704,7 @@ def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken
         store.armed = True
     elif held == "the encoding of its rows":
         # the page's rows, and the API's
-        monkeypatch.setattr("sidestep._admin.as_json", holding(sidestep._admin.as_json))
+        monkeypatch.setattr("sidestep._ops.admin.as_json", holding(sidestep._ops.admin.as_json))
         monkeypatch.setattr(Listed, "encoded", holding(Listed.encoded))
     else:
         add_observer(observer)

@@ -18,9 +18,9 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 import sidestep
 import sidestep.admin
 from servers import serve_asgi, serve_wsgi
-from sidestep._classify import RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._answers.classify import RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
 from test_admin import TOKEN, bearer, config_for
 from upstream import Upstream
 

@@ -13,8 +13,8 @@ import pytest
 
 import sidestep
 import sidestep.httpx2
-from sidestep._adopt import _Dispatch
-from sidestep._transport import _Shell
+from sidestep._shells.adopt import _Dispatch
+from sidestep._shells.transport import _Shell
 
 KINDS = ("httpx-sync", "httpx-async", "httpx2-sync", "httpx2-async")
 CLASSES = (httpx.Client, httpx.AsyncClient, httpx2.Client, httpx2.AsyncClient)

@@ -26,10 +26,10 @@ import sidestep
 from drivers import FakeClock, route
 from redis_server import fresh_prefix
 from scrape import sample, samples
-from sidestep._config import SidestepConfigWarning
-from sidestep._redis import RedisStore
-from sidestep._sqlite import SqliteStore
-from sidestep._store import MemoryStore
+from sidestep._settings.values import SidestepConfigWarning
+from sidestep._state.memory import MemoryStore
+from sidestep._state.redis.store import RedisStore
+from sidestep._state.sqlite.store import SqliteStore
 from sidestep.metrics import prometheus
 from upstream import IN_TIME, Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 

@@ -20,7 +20,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidestep._classify import (
+from sidestep._answers.classify import (
     BODY_PREFIX_LIMIT,
     CLIENT_ERROR,
     CONTEXT_OVERFLOW,
@@ -38,8 +38,8 @@ from sidestep._classify import (
     needs_body,
     parse_retry_after,
 )
-from sidestep._flavour import Flavour
-from sidestep._scopes import ScopeKind
+from sidestep._common.scopes import ScopeKind
+from sidestep._core.flavour import Flavour
 
 YEAR = 365 * 24 * 3600.0
 # 2024-01-01T00:00:00Z

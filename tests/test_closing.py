@@ -48,9 +48,9 @@ from differential import (
     world,
 )
 from drivers import route
-from sidestep._classify import ErrorKind, Exchange, Kind, Verdict, classify
-from sidestep._config import SidestepConfigWarning
-from sidestep._scopes import ScopeKind
+from sidestep._answers.classify import ErrorKind, Exchange, Kind, Verdict, classify
+from sidestep._common.scopes import ScopeKind
+from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from upstream import IN_TIME, Hangup, HeadersThenHang, Reset, Respond, Stream, Upstream, wait_for
 

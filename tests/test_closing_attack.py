@@ -25,9 +25,9 @@ import sidestep
 import sidestep.httpx2
 from differential import FLAVOURS, KINDS, Face
 from drivers import route
-from sidestep._config import SidestepConfigWarning
-from sidestep._scopes import ScopeFacts
-from sidestep._store import Admission
+from sidestep._common.scopes import ScopeFacts
+from sidestep._settings.values import SidestepConfigWarning
+from sidestep._state.memory import Admission
 from sidestep.logging import add_observer, remove_observer
 from test_closing import (
     FAILURE_EVENTS,

@@ -14,23 +14,18 @@ import pytest
 from pydantic import ValidationError
 
 from drivers import MakeDriver, route
-from sidestep._config import (
+from sidestep._common.errors import ConfigError
+from sidestep._settings.config import Config, as_config, load_config
+from sidestep._settings.policies import (
     BreakerPolicy,
-    Config,
     FailoverOverrides,
     FailoverPolicy,
     FailureRate,
-    Route,
-    SidestepConfigWarning,
     Suspensions,
     SuspensionWindow,
-    Target,
-    as_config,
-    load_config,
-    parse_duration,
-    parse_size,
 )
-from sidestep._errors import ConfigError
+from sidestep._settings.routes import Route, Target
+from sidestep._settings.values import SidestepConfigWarning, parse_duration, parse_size
 from upstream import Respond, Upstream
 
 SECRET = "sk-live-SECRET123"
@@ -449,7 +444,7 @@ def test_every_way_a_configuration_arrives_refuses_the_same_headers(
     doctor all refuse the header, naming it and its key path, never the value; the run's
     command is never started."""
     from sidestep import install, uninstall
-    from sidestep._cli import main
+    from sidestep._ops.cli import main
 
     key = "routes[0].targets[0].headers (route 'chat', target 'primary')"
     why = f"header {name!r} cannot be set by a target: {REFUSED_HEADERS[name]}"

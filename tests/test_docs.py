@@ -32,26 +32,24 @@ import yaml
 from pydantic import BaseModel
 
 import sidestep
-from sidestep._config import (
+from sidestep._settings.config import Config
+from sidestep._settings.observability import Observability
+from sidestep._settings.policies import (
     BreakerPolicy,
-    Config,
     FailoverOverrides,
     FailoverPolicy,
     FailureRate,
-    ProviderState,
-    Route,
-    SidestepConfigWarning,
     Suspensions,
     SuspensionWindow,
-    Target,
 )
-from sidestep._observability import Observability
-from sidestep._store_config import (
+from sidestep._settings.routes import ProviderState, Route, Target
+from sidestep._settings.stores import (
     MemoryStoreSettings,
     RedisStoreSettings,
     SqliteStoreSettings,
     StoreSettings,
 )
+from sidestep._settings.values import SidestepConfigWarning
 from upstream import Respond, Upstream
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidestep import ConfigError, load_config
-from sidestep._cli import main
+from sidestep._ops.cli import main
 from upstream import Upstream, free_port
 
 SECRET = "sk-doctor-secret-0123456789"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from drivers import FakeClock, MakeDriver, route
-from sidestep._classify import BODY_PREFIX_LIMIT
-from sidestep._encodings import decoded_head
+from sidestep._answers.classify import BODY_PREFIX_LIMIT
+from sidestep._answers.encodings import decoded_head
 from upstream import Respond, Upstream
 
 OVERFLOW = {"error": {"code": "context_length_exceeded", "message": "too long"}}

@@ -20,7 +20,7 @@ import pytest
 
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver, elapsed, route
-from sidestep._config import SidestepConfigWarning
+from sidestep._settings.values import SidestepConfigWarning
 from upstream import CLIENT_TIMEOUT, IN_TIME, Hang, Respond, Seen, Stream, Upstream, wait_for
 
 SSE = "text/event-stream"

@@ -20,10 +20,10 @@ import pytest
 import sidestep
 from drivers import FakeClock
 from sidestep import logging as events
-from sidestep._classify import Exchange, Kind, Verdict, classify
-from sidestep._routes import Candidates
-from sidestep._run import Run
-from sidestep._store import MemoryStore
+from sidestep._answers.classify import Exchange, Kind, Verdict, classify
+from sidestep._core.routes import Candidates
+from sidestep._core.run import Run
+from sidestep._state.memory import MemoryStore
 
 PRIMARY = "http://primary.example"
 BACKUP = "http://backup.example"
@@ -421,7 +421,7 @@ def test_both_flavours_have_a_request_s_key_read_by_position() -> None:
 
     import httpx2
 
-    from sidestep._attempts import _BY_NAME, _BY_POSITION, _key_parts
+    from sidestep._core.attempts import _BY_NAME, _BY_POSITION, _key_parts
 
     assert _key_parts(httpx) is _BY_POSITION
     assert _key_parts(httpx2) is _BY_POSITION

@@ -41,8 +41,8 @@ import sidestep.httpx2
 import test_fast_path as fast_path
 from drivers import FakeClock, MakeDriver, Result, route
 from sidestep import logging as events
-from sidestep._routes import Candidates
-from sidestep._store import MemoryStore
+from sidestep._core.routes import Candidates
+from sidestep._state.memory import MemoryStore
 from test_fast_path import BACKUP, ORIGIN
 from upstream import CLIENT_TIMEOUT, Hang, Reset, Respond, Seen, Upstream, wait_for
 

@@ -17,7 +17,7 @@ import pytest
 
 import sidestep
 from llm_upstream import SDKS, llm, unavailable
-from sidestep._cli import main
+from sidestep._ops.cli import main
 from upstream import Upstream
 
 SRC = Path(sidestep.__file__).parent.parent  # where the sidestep under test lives
@@ -47,7 +47,7 @@ def sidestep_run(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``sidestep run ARGS`` as the console script would, and wait for it."""
     return subprocess.run(  # noqa: S603  # the interpreter under test, fixed arguments
-        [PYTHON, "-m", "sidestep._cli", "run", *args],
+        [PYTHON, "-m", "sidestep._ops.cli", "run", *args],
         env=env or environment(),
         capture_output=True,
         text=True,
@@ -239,7 +239,7 @@ def test_a_sigterm_to_the_launcher_reaches_the_child(config: Path) -> None:
     """A supervisor's SIGTERM to the launcher is passed on; the child's death by it is 128+15."""
     wait = "import sys, time; print('ready', flush=True); time.sleep(30)"
     launcher = subprocess.Popen(  # noqa: S603  # the interpreter under test, fixed arguments
-        [PYTHON, "-m", "sidestep._cli", "run", "-c", str(config), "--", PYTHON, "-c", wait],
+        [PYTHON, "-m", "sidestep._ops.cli", "run", "-c", str(config), "--", PYTHON, "-c", wait],
         env=environment(),
         stdout=subprocess.PIPE,
         text=True,
@@ -318,7 +318,7 @@ def test_demo_without_its_module_exits_2(
 ) -> None:
     """When the demo module cannot be imported, `sidestep demo` says so and exits 2."""
     monkeypatch.delattr(sidestep, "_demo", raising=False)
-    monkeypatch.setitem(sys.modules, "sidestep._demo", None)
+    monkeypatch.setitem(sys.modules, "sidestep._ops.demo", None)
     assert main(["demo"]) == 2
     assert "sidestep demo: not available here" in capsys.readouterr().err
 

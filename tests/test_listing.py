@@ -21,13 +21,14 @@ import anyio.to_thread
 import pytest
 
 import sidestep
-from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, Config, Suspensions
-from sidestep._listing import Listed, Listing, as_json
-from sidestep._routes import Router
-from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
-from sidestep._sqlite import SqliteStore
-from sidestep._store import MemoryStore
+from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
+from sidestep._core.listing import Listed, Listing, as_json
+from sidestep._core.routes import Router
+from sidestep._settings.config import Config
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._state.memory import MemoryStore
+from sidestep._state.sqlite.store import SqliteStore
 
 ORIGIN = "https://api.primary.example:443"
 POLICY = BreakerPolicy(failure_threshold=2, cooldown=3600, max_cooldown=3600)

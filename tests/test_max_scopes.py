@@ -23,7 +23,7 @@ import pytest
 import sidestep
 from drivers import FakeClock, route
 from redis_server import fresh_prefix
-from sidestep._config import SidestepConfigWarning
+from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from upstream import Reset, Respond, Upstream
 

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 
 import sidestep
-from sidestep._run import CACHE_LIMIT, remember
-from sidestep._scopes import ScopeKey, ScopeKind
+from sidestep._common.scopes import ScopeKey, ScopeKind
+from sidestep._core.memories import CACHE_LIMIT, remember
 
 CONFIG = {
     "routes": [
@@ -76,7 +76,7 @@ def test_more_paths_than_the_candidates_memory_holds_still_go_where_they_match()
 
 _CHILD = """
 import pickle, sys
-from sidestep._scopes import ScopeKey, ScopeKind
+from sidestep._common.scopes import ScopeKey, ScopeKind
 table = pickle.loads(sys.stdin.buffer.read())
 key = ScopeKey(ScopeKind.CREDENTIAL_MODEL, "https://api.example:443", "fp", "m")
 print(table.get(key), [hash(k) == hash(key) for k in table])

@@ -12,9 +12,9 @@ import structlog
 
 import sidestep
 from drivers import MakeDriver, route
-from sidestep._attempts import Core
-from sidestep._effects import Send
-from sidestep._run import Run
+from sidestep._core.attempts import Core
+from sidestep._core.effects import Send
+from sidestep._core.run import Run
 from sidestep.logging import add_observer, listening, remove_observer
 from upstream import IN_TIME, Hang, Respond, Upstream
 
@@ -139,7 +139,7 @@ def test_nobody_listening_builds_no_request_events(
 
     d = make(route(("a", a.url + "/v1")))
     try:
-        import sidestep._watch as watch
+        import sidestep._core.watch as watch
 
         watch.emit = counting  # type: ignore[assignment]
         assert d.get(a.url + "/v1/x").text == "a"

@@ -16,7 +16,7 @@ from drivers import FakeClock, MakeDriver, route
 from redis_server import fresh_prefix
 from scrape import gauge_by_target
 from sidestep import AllCandidatesSuspended
-from sidestep._config import SidestepConfigWarning
+from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
 from sidestep.metrics._labels import INSTRUMENTS, SUSPENDED, Measures

@@ -16,7 +16,7 @@ import httpx2
 import pytest
 
 import sidestep
-from sidestep._transport import _Shell
+from sidestep._shells.transport import _Shell
 from upstream import Respond, Upstream
 
 FLAVOURS = {"httpx": httpx, "httpx2": httpx2}

@@ -19,8 +19,8 @@ import sidestep
 import sidestep.admin
 from redis_server import PASSWORD, fresh_prefix
 from servers import serve_asgi, serve_wsgi
-from sidestep._cli import main
-from sidestep._config import SidestepConfigWarning
+from sidestep._ops.cli import main
+from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from test_admin import suspend_origins
 from upstream import Respond, Upstream, free_port

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from sidestep._config import Config, ProviderState, Route, as_config, load_config
-from sidestep._errors import ConfigError
-from sidestep._provider_state import BUILTIN_PATHS, StateRules
-from sidestep._routes import Router
+from sidestep._common.errors import ConfigError
+from sidestep._core.provider_state import BUILTIN_PATHS, StateRules
+from sidestep._core.routes import Router
+from sidestep._settings.config import Config, as_config, load_config
+from sidestep._settings.routes import ProviderState, Route
 
 BUILTIN = StateRules.of(builtin=True, paths=(), fields=())
 
@@ -218,7 +219,7 @@ def test_a_body_without_any_field_name_is_not_parsed(monkeypatch: pytest.MonkeyP
     def parse(_: bytes) -> Any:
         raise AssertionError("parsed")
 
-    monkeypatch.setattr("sidestep._provider_state.json.loads", parse)
+    monkeypatch.setattr("sidestep._core.provider_state.json.loads", parse)
     body = json.dumps({"model": "m", "input": "the file_id of my thread"}).encode()
     assert not builtin().names_state(body)
 

@@ -12,7 +12,7 @@ import pytest
 
 import sidestep
 from drivers import MakeDriver, route
-from sidestep._provider_state import StateRules
+from sidestep._core.provider_state import StateRules
 from sidestep.logging import add_observer, remove_observer
 from upstream import Action, Reset, Respond, Seen, Upstream
 

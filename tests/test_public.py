@@ -13,8 +13,8 @@ import httpx2
 import pytest
 
 import sidestep
-from sidestep._classify import Exchange, Kind, classify
-from sidestep._config import SidestepConfigWarning
+from sidestep._answers.classify import Exchange, Kind, classify
+from sidestep._settings.values import SidestepConfigWarning
 
 ROOT = Path(__file__).resolve().parent.parent
 # The README and every page of the documentation site.

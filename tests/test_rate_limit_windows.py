@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from drivers import Driver, FakeClock, MakeDriver, route
-from sidestep._classify import BODY_PREFIX_LIMIT
+from sidestep._answers.classify import BODY_PREFIX_LIMIT
 from upstream import Respond, Seen, Stream, Upstream
 
 INITIAL = 5.0  # the rate_limited window when no signal reads

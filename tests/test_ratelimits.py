@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidestep._classify import (
+from sidestep._answers.classify import (
     BODY_PREFIX_LIMIT,
     QUOTA_EXHAUSTED,
     RATE_LIMITED,
@@ -22,14 +22,14 @@ from sidestep._classify import (
     classify,
     rate_limit_ahead,
 )
-from sidestep._ratelimits import (
+from sidestep._answers.ratelimits import (
     LONGEST_RESET,
     parse_duration,
     reset_after,
     retry_delay,
     spent_requests,
 )
-from sidestep._scopes import ScopeKind
+from sidestep._common.scopes import ScopeKind
 
 # 2024-01-01T00:00:00Z
 NOW = float(calendar.timegm((2024, 1, 1, 0, 0, 0)))

@@ -16,9 +16,10 @@ import httpx
 import httpx2
 import pytest
 
-from sidestep._config import SidestepConfigWarning, Target
-from sidestep._rebuild import Rebuilder, as_httpx_builds, moved_url, with_extensions
-from sidestep._routes import CompiledTarget, compile_target
+from sidestep._core.rebuild import Rebuilder, as_httpx_builds, moved_url, with_extensions
+from sidestep._core.routes import CompiledTarget, compile_target
+from sidestep._settings.routes import Target
+from sidestep._settings.values import SidestepConfigWarning
 
 METHODS = ["GET", "HEAD", "DELETE", "OPTIONS", "POST", "PUT", "PATCH", "QUERY", "PROPFIND"]
 BODIES = [b"", b'{"model":"a","messages":[]}', b"x" * 5000]

@@ -38,14 +38,15 @@ from hypothesis import strategies as st
 import sidestep
 from drivers import route
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
-from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, FailureRate, Suspensions
-from sidestep._failopen import LocalTicket
-from sidestep._redis import RedisStore
-from sidestep._redis_calls import RedisTicket, anchor, origin_hash
-from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
-from sidestep._sqlite import SqliteStore
-from sidestep._store import Admission, MemoryStore, Ticket, Transition
+from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, FailureRate, Suspensions
+from sidestep._state.failopen import LocalTicket
+from sidestep._state.memory import Admission, MemoryStore, Ticket, Transition
+from sidestep._state.redis.calls import RedisTicket
+from sidestep._state.redis.keys import anchor, origin_hash
+from sidestep._state.redis.store import RedisStore
+from sidestep._state.sqlite.store import SqliteStore
 from upstream import IN_TIME, STORE_WAIT, Hang, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
@@ -528,7 +529,7 @@ def test_an_admission_reaching_redis_after_its_drop_takes_nothing(
     store = store_on(redis_server.url)
     open_scope(store, ONE_PROBE)
     key = model_scope(store)
-    monkeypatch.setattr("sidestep._redis_calls._token", lambda keys: "given-up")
+    monkeypatch.setattr("sidestep._state.redis.calls._token", lambda keys: "given-up")
     store._queue_drops([(origin_hash(key.origin), "given-up", "5000", "1", key.scope_id)])
     store._send_drops()  # the drop overtook its admission
     assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None

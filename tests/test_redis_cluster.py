@@ -22,13 +22,14 @@ import sidestep
 from drivers import route
 from redis_cluster import RedisCluster
 from redis_server import PASSWORD, fresh_prefix
-from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._failopen import LocalTicket
-from sidestep._redis import RedisStore
-from sidestep._redis_calls import anchor, origin_hash
-from sidestep._scopes import ScopeFacts, ScopeKind
-from sidestep._store_config import StoreSettings, build_store
+from sidestep._answers.classify import Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._settings.stores import StoreSettings
+from sidestep._state.build import build_store
+from sidestep._state.failopen import LocalTicket
+from sidestep._state.redis.keys import anchor, origin_hash
+from sidestep._state.redis.store import RedisStore
 from upstream import Upstream, wait_for
 
 FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.MODEL, failover=True)

@@ -17,13 +17,13 @@ import pytest
 import redis
 
 import sidestep
-import sidestep._redis_mirror
+import sidestep._state.redis.mirror
 from redis_server import DelayProxy, RedisServer, fresh_prefix
-from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._redis import RedisStore
-from sidestep._redis_calls import origin_hash
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._answers.classify import Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._state.redis.keys import origin_hash
+from sidestep._state.redis.store import RedisStore
 from upstream import IN_TIME, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
@@ -277,7 +277,7 @@ def test_origins_whose_scopes_expired_do_not_pile_up_in_the_mirror(
     """A scope that expires is not announced: its origin stays in the mirror until the mirror
     outgrows twice its last snapshot, when a new snapshot drops it. Origins that failed once
     and were never asked about again do not accumulate."""
-    monkeypatch.setattr(sidestep._redis_mirror, "_MIN_BOUND", 8, raising=False)
+    monkeypatch.setattr(sidestep._state.redis.mirror, "_MIN_BOUND", 8, raising=False)
     prefix = fresh_prefix()
     watcher = live(RedisStore(redis_url, prefix=prefix))
     writer = RedisStore(redis_url, prefix=prefix, ttl=0.2, mirror=False)

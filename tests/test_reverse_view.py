@@ -8,10 +8,10 @@ import httpx
 import httpx2
 import pytest
 
-from sidestep._config import FailoverPolicy
-from sidestep._reverse import client_view, may_change
-from sidestep._routes import Candidates, compile_target
-from sidestep._scopes import origin_key
+from sidestep._common.scopes import origin_key
+from sidestep._core.reverse import client_view, may_change
+from sidestep._core.routes import Candidates, compile_target
+from sidestep._settings.policies import FailoverPolicy
 
 
 class _Target:

@@ -6,15 +6,17 @@ import warnings
 
 import pytest
 
-from sidestep._config import Config, SidestepConfigWarning, Target
-from sidestep._routes import (
+from sidestep._common.scopes import is_credential, origin_key
+from sidestep._core.routes import (
     Router,
     compile_target,
     display_origin,
     merge_json,
     without_credentials,
 )
-from sidestep._scopes import is_credential, origin_key
+from sidestep._settings.config import Config
+from sidestep._settings.routes import Target
+from sidestep._settings.values import SidestepConfigWarning
 
 
 def router() -> Router:
@@ -123,7 +125,7 @@ def test_credential_words_are_whole_parts_of_a_name() -> None:
 
 def test_fingerprints_do_not_depend_on_order() -> None:
     """The same credentials in another order are the same credential scope."""
-    from sidestep._scopes import Fingerprinter
+    from sidestep._common.scopes import Fingerprinter
 
     fp = Fingerprinter(b"k" * 32)
     assert fp({}, "", b"key=A&token=B") == fp({}, "", b"token=B&key=A")

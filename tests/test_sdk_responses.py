@@ -12,7 +12,7 @@ import pytest
 
 import sidestep
 from llm_upstream import OPENAI, llm, unavailable
-from sidestep._config import SidestepConfigWarning
+from sidestep._settings.values import SidestepConfigWarning
 from upstream import Upstream
 
 COLOURS = ("sync", "async")

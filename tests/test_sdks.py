@@ -15,8 +15,8 @@ import pytest
 
 import sidestep
 from llm_upstream import SDKS, ForwardingProxy, Sdk, llm, unavailable
-from sidestep._config import SidestepConfigWarning
-from sidestep._transport import _Shell
+from sidestep._settings.values import SidestepConfigWarning
+from sidestep._shells.transport import _Shell
 from upstream import (
     IN_TIME,
     Action,

@@ -24,10 +24,11 @@ import sidestep.admin
 from otel_capture import captured
 from redis_server import fresh_prefix
 from servers import serve_asgi
-from sidestep._cli import main
-from sidestep._config import BreakerPolicy, SidestepConfigWarning
-from sidestep._scopes import ScopeFacts
-from sidestep._suspended import unavailable_body
+from sidestep._common.scopes import ScopeFacts
+from sidestep._core.suspended import unavailable_body
+from sidestep._ops.cli import main
+from sidestep._settings.policies import BreakerPolicy
+from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
 from upstream import Respond, Upstream

@@ -25,12 +25,12 @@ import pytest
 import structlog
 
 from drivers import MakeDriver, route
-from sidestep._circuit import State
-from sidestep._classify import QUOTA_EXHAUSTED, RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._failopen import LocalTicket
-from sidestep._scopes import ScopeFacts, ScopeKind
-from sidestep._sqlite import SqliteStore
+from sidestep._answers.classify import QUOTA_EXHAUSTED, RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._state.circuit import State
+from sidestep._state.failopen import LocalTicket
+from sidestep._state.sqlite.store import SqliteStore
 from test_launcher import TESTS, environment
 from upstream import IN_TIME, STORE_WAIT, Respond, Upstream, wait_for
 
@@ -292,7 +292,7 @@ def test_gunicorn_workers_under_sidestep_run_find_a_dead_upstream_once(
     )
     sock = tmp_path / "gunicorn.sock"
     env = environment(OUTAGE_UPSTREAM=a.url + "/v1/chat")
-    command = [sys.executable, "-m", "sidestep._cli", "run", "-c", str(config), "--"]
+    command = [sys.executable, "-m", "sidestep._ops.cli", "run", "-c", str(config), "--"]
     command += [sys.executable, "-m", "gunicorn", "--workers", "4", "--bind", f"unix:{sock}"]
     command += ["--error-logfile", str(tmp_path / "error.log"), "outage_app:application"]
     server = subprocess.Popen(command, env=env, cwd=TESTS, stdin=subprocess.DEVNULL)  # noqa: S603
@@ -352,7 +352,7 @@ def test_a_file_deleted_under_running_stores_is_followed_to_the_new_one(tmp_path
 
 _FORKED = """
 import os, sys, time
-from sidestep._sqlite import SqliteStore
+from sidestep._state.sqlite.store import SqliteStore
 from test_sqlite import P, facts, open_scope
 
 path = sys.argv[1]

@@ -14,11 +14,12 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sidestep import _sqlite_loop, _turns
-from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._scopes import ScopeFacts, ScopeKind
-from sidestep._sqlite import SqliteStore
+from sidestep._answers.classify import Kind, Verdict
+from sidestep._common import turns as _turns
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._state.sqlite import loop as _sqlite_loop
+from sidestep._state.sqlite.store import SqliteStore
 
 CONNECT_FAIL = Verdict(Kind.FAILURE, "unavailable", ScopeKind.ORIGIN, failover=True)
 P = BreakerPolicy(failure_threshold=2, cooldown=600, max_cooldown=600)

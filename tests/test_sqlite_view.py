@@ -15,15 +15,15 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from sidestep import _sqlite as sqlite_store
-from sidestep import _sqlite_file as sqlite_file
-from sidestep import _sqlite_view as sqlite_view
-from sidestep._circuit import State
-from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._scopes import ScopeFacts, ScopeKind
-from sidestep._sqlite import SqliteStore
-from sidestep._sqlite_loop import _Handoff
+from sidestep._answers.classify import Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._state.circuit import State
+from sidestep._state.sqlite import file as sqlite_file
+from sidestep._state.sqlite import store as sqlite_store
+from sidestep._state.sqlite import view as sqlite_view
+from sidestep._state.sqlite.loop import _Handoff
+from sidestep._state.sqlite.store import SqliteStore
 from upstream import wait_for
 
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)

@@ -9,12 +9,9 @@ import httpx
 import pytest
 
 from drivers import FakeClock
-from sidestep import _classify as c11n
-from sidestep._classify import Exchange, Kind
-from sidestep._commit import _Watch
-from sidestep._flavour import Flavour
-from sidestep._scopes import ScopeKind
-from sidestep._sse import (
+from sidestep._answers import classify as c11n
+from sidestep._answers.classify import Exchange, Kind
+from sidestep._answers.sse import (
     ACTIVE,
     CHAT,
     COMMIT,
@@ -28,6 +25,9 @@ from sidestep._sse import (
     error_answer,
     head_for,
 )
+from sidestep._common.scopes import ScopeKind
+from sidestep._core.commit import _Watch
+from sidestep._core.flavour import Flavour
 
 
 def sse(data: Any, name: str | None = None) -> bytes:

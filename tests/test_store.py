@@ -18,13 +18,14 @@ from typing import Any, TypeAlias
 import pytest
 
 from redis_server import fresh_prefix
-from sidestep._circuit import State
-from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, FailureRate, SidestepConfigWarning, Suspensions
-from sidestep._redis import RedisStore
-from sidestep._scopes import ScopeFacts, ScopeKey, ScopeKind
-from sidestep._sqlite import SqliteStore
-from sidestep._store import MemoryStore, Ticket, Transition
+from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, FailureRate, Suspensions
+from sidestep._settings.values import SidestepConfigWarning
+from sidestep._state.circuit import State
+from sidestep._state.memory import MemoryStore, Ticket, Transition
+from sidestep._state.redis.store import RedisStore
+from sidestep._state.sqlite.store import SqliteStore
 from upstream import wait_for
 
 ORIGIN = "https://api.example:443"

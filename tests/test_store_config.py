@@ -12,13 +12,9 @@ from pathlib import Path
 import pytest
 
 import sidestep
-from sidestep._config import as_config
-from sidestep._store_config import (
-    MemoryStoreSettings,
-    RedisStoreSettings,
-    SqliteStoreSettings,
-    build_store,
-)
+from sidestep._settings.config import as_config
+from sidestep._settings.stores import MemoryStoreSettings, RedisStoreSettings, SqliteStoreSettings
+from sidestep._state.build import build_store
 
 PASSWORD = "S3CR3Tstorepassword"
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,7 +109,7 @@ def test_install_uses_the_configured_store_and_keeps_it_while_it_is_the_same(
     tmp_path: Path, redis_url: str
 ) -> None:
     """install(config) builds the store the file names; installing the same store setting again keeps the store (and its circuits); another setting builds anew."""
-    import sidestep._adopt as adopt
+    import sidestep._shells.adopt as adopt
 
     path = tmp_path / "sidestep.yaml"
     path.write_text(f"store: {{redis: {{url: '{redis_url}', prefix: p2}}}}\n")
@@ -136,7 +132,7 @@ def test_sidestep_run_installs_the_configured_store(tmp_path: Path, redis_url: s
     path = tmp_path / "sidestep.yaml"
     path.write_text(f"store: {{redis: {{url: '{redis_url}', prefix: run-prefix}}}}\n")
     program = (
-        "import sidestep._adopt as adopt; s = adopt._installed.store; "
+        "import sidestep._shells.adopt as adopt; s = adopt._installed.store; "
         "print(type(s).__name__, s._prefix)"
     )
     done = subprocess.run(  # noqa: S603  # our own interpreter and module

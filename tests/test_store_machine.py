@@ -13,12 +13,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sidestep._circuit import State
-from sidestep._classify import RATE_LIMITED, Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._scopes import ScopeFacts, ScopeKind
-from sidestep._sqlite import SqliteStore
-from sidestep._store import MemoryStore, Ticket
+from sidestep._answers.classify import RATE_LIMITED, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._state.circuit import State
+from sidestep._state.memory import MemoryStore, Ticket
+from sidestep._state.sqlite.store import SqliteStore
 
 ORIGIN = "https://api.example:443"
 VERDICTS = {

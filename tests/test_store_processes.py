@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 
 from redis_server import fresh_prefix
-from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, SidestepConfigWarning, Suspensions
-from sidestep._redis import RedisStore
-from sidestep._scopes import ScopeFacts, ScopeKind
-from sidestep._sqlite import SqliteStore
+from sidestep._answers.classify import Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
+from sidestep._settings.values import SidestepConfigWarning
+from sidestep._state.redis.store import RedisStore
+from sidestep._state.sqlite.store import SqliteStore
 from upstream import STORE_WAIT, wait_for
 
 ORIGIN = "https://api.example:443"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidestep._streaming import asks_to_stream, is_event_stream
+from sidestep._core.streaming import asks_to_stream, is_event_stream
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,7 @@ import httpx2
 import openai
 import pytest
 
-from sidestep._suspended import (
+from sidestep._core.suspended import (
     find_suspended,
     retry_after_header,
     unavailable_body,

@@ -10,7 +10,7 @@ import pytest
 
 import sidestep
 from drivers import MakeDriver, route
-from sidestep._scopes import is_credential
+from sidestep._common.scopes import is_credential
 from sidestep.logging import REDACTED, redact_value
 from upstream import Respond, Upstream, free_port
 

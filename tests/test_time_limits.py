@@ -26,9 +26,9 @@ import httpx
 import pytest
 
 from drivers import FakeClock, MakeDriver, elapsed, route
-from sidestep._attempts import Core
-from sidestep._config import Config
-from sidestep._flavour import Flavour
+from sidestep._core.attempts import Core
+from sidestep._core.flavour import Flavour
+from sidestep._settings.config import Config
 from upstream import (
     CLIENT_TIMEOUT,
     IN_TIME,

@@ -621,7 +621,7 @@ def test_unknown_suspension_reason_from_a_custom_classifier_counts_as_an_outage(
     make: MakeDriver, a: Upstream, b: Upstream
 ) -> None:
     """A replacement classifier naming a reason without a window neither crashes nor leaks: it is a failure."""
-    from sidestep._classify import Kind, Verdict, classify
+    from sidestep._answers.classify import Kind, Verdict, classify
 
     def overloaded(x: Any) -> Verdict:
         if x.status == 503:

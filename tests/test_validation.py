@@ -13,7 +13,7 @@ import pytest
 
 import sidestep
 from drivers import MakeDriver, route
-from sidestep._validate import body_problem
+from sidestep._answers.validate import body_problem
 from upstream import Respond, Stream, Upstream
 
 SSE = "text/event-stream"

@@ -23,7 +23,7 @@ import openai
 import pytest
 from openai._streaming import SSEDecoder
 
-from sidestep._validate import body_problem
+from sidestep._answers.validate import body_problem
 
 SSE = "text/event-stream"
 LIMIT = 1 << 20

@@ -34,11 +34,11 @@ from typing import Any
 
 import anyio.to_thread
 
-from ._admin import Answer, ListRows, Origins, Token, advance, handle, tokens_of
-from ._config import Config, as_config
-from ._listing import Listing, StoreUnavailable
-from ._routes import Router
-from ._transport import _Shell
+from ._core.listing import Listing, StoreUnavailable
+from ._core.routes import Router
+from ._ops.admin import Answer, ListRows, Origins, Token, advance, handle, tokens_of
+from ._settings.config import Config, as_config
+from ._shells.transport import _Shell
 
 __all__ = ["Token", "app", "wsgi_app"]
 
