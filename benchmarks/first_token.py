@@ -35,7 +35,7 @@ import httpx
 import _bench as b
 import sidestep
 from _bench import Row
-from sidestep._answers.sse import head_for
+from sidestep._answers.first_token import head_for
 from sidestep._core.commit import _Watch
 from sidestep._core.flavour import Flavour
 

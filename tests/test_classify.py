@@ -36,8 +36,8 @@ from sidestep._answers.classify import (
     classify,
     is_idempotent,
     needs_body,
-    parse_retry_after,
 )
+from sidestep._answers.retry_after import parse_retry_after
 from sidestep._common.scopes import ScopeKind
 from sidestep._core.flavour import Flavour
 

@@ -1,4 +1,5 @@
-"""The SSE parser and the commit point of a streamed answer (`_sse`, the core's watch): pure."""
+"""The SSE parser and the commit point of a streamed answer (`sse`, `first_token`,
+`error_events`, the core's watch): pure."""
 
 from __future__ import annotations
 
@@ -11,20 +12,9 @@ import pytest
 from drivers import FakeClock
 from sidestep._answers import classify as c11n
 from sidestep._answers.classify import Exchange, Kind
-from sidestep._answers.sse import (
-    ACTIVE,
-    CHAT,
-    COMMIT,
-    ERROR,
-    HELD,
-    MESSAGES,
-    RESPONSES,
-    UNDECODABLE,
-    EventParser,
-    Head,
-    error_answer,
-    head_for,
-)
+from sidestep._answers.error_events import error_answer
+from sidestep._answers.first_token import ACTIVE, COMMIT, ERROR, HELD, Head, head_for
+from sidestep._answers.sse import CHAT, MESSAGES, RESPONSES, UNDECODABLE, EventParser
 from sidestep._common.scopes import ScopeKind
 from sidestep._core.commit import _Watch
 from sidestep._core.flavour import Flavour

@@ -4,16 +4,15 @@ One pure function turns an `Exchange` (the request, and the response or the
 flavour-neutral kind of exception that ended it) into a `Verdict`: success,
 an availability failure, a suspension with its reason, or neutral; the scope
 kind it is recorded against; and whether the request may move on to the next
-candidate (DESIGN §3.2). A rate limit without ``Retry-After`` is timed by the
-provider's own signals (`_ratelimits`). No I/O, no clock reads: the caller
-passes the wall time for HTTP-date ``Retry-After`` values and RFC 3339 reset
-times, and at most `BODY_PREFIX_LIMIT` bytes of an error body.
+candidate (DESIGN §3.2). ``Retry-After`` is read by `retry_after`; a rate
+limit without it is timed by the provider's own signals (`_ratelimits`). No
+I/O, no clock reads: the caller passes the wall time for HTTP-date
+``Retry-After`` values and RFC 3339 reset times, and at most
+`BODY_PREFIX_LIMIT` bytes of an error body.
 """
 
 from __future__ import annotations
 
-import calendar
-import email.utils
 import enum
 import json
 import re
@@ -24,6 +23,7 @@ from typing import TypeAlias
 from .._common.scopes import ScopeKind
 from . import ratelimits as _ratelimits
 from .ratelimits import header as _header
+from .retry_after import parse_retry_after
 
 __all__ = [
     "AMBIGUOUS_SAFE_METHODS",
@@ -45,7 +45,6 @@ __all__ = [
     "classify",
     "is_idempotent",
     "needs_body",
-    "parse_retry_after",
     "rate_limit_ahead",
 ]
 
@@ -87,7 +86,6 @@ BODY_PREFIX_LIMIT: int = 16 * 1024
 AMBIGUOUS_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 """Methods that may be re-sent after an ambiguous outcome (RFC 9110 idempotent methods)."""
 
-_YEAR = 365 * 24 * 3600.0
 _BODY_STATUSES = frozenset({400, 402, 403, 429})
 _RETRY_AFTER_STATUSES = frozenset({429, 503, 529})
 _CHALLENGE_STATUSES = frozenset({401, 403})
@@ -96,8 +94,6 @@ _CHALLENGE_STATUSES = frozenset({401, 403})
 # Every other 5xx, including the CDNs' 520-527 and a proxy's 599, means the
 # upstream is not answering properly: an availability failure.
 _REQUEST_FAULT_5XX = frozenset({501, 505})
-# RFC 9110 delta-seconds are whole; fractions are accepted, signs and exponents are not.
-_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 
 # Explicit quota/billing exhaustion, matched lower-case. A bare 402/403/429 is
 # never read as exhausted quota: only one of these in the body counts.
@@ -242,34 +238,6 @@ def is_idempotent(method: str, request_headers: Mapping[str, str]) -> bool:
     return key is not None and key.strip() != ""
 
 
-def parse_retry_after(headers: Mapping[str, str], wall_now: float) -> float | None:
-    """Seconds to wait, from ``retry-after-ms`` or else ``Retry-After``.
-
-    ``retry-after-ms`` (milliseconds, fractions allowed) wins when it is valid.
-    ``Retry-After`` is delta-seconds or an HTTP-date, taken relative to
-    `wall_now` (epoch seconds); a date in the past gives 0.0. Negative,
-    non-numeric and non-finite values are ignored. Results are clamped to one
-    year.
-
-    >>> parse_retry_after({"Retry-After": "7"}, wall_now=0.0)
-    7.0
-    """
-    millis = (_header(headers, "retry-after-ms") or "").strip()
-    if _DECIMAL.fullmatch(millis):
-        return min(float(millis) / 1000, _YEAR)
-    value = _header(headers, "retry-after")
-    if value is None:
-        return None
-    value = value.strip()
-    if _DECIMAL.fullmatch(value):
-        # A long run of digits overflows to inf: still a valid, huge delay.
-        return min(float(value), _YEAR)
-    at = _http_date(value)
-    if at is None:
-        return None
-    return min(max(at - wall_now, 0.0), _YEAR)
-
-
 def classify(x: Exchange) -> Verdict:
     """The default classifier: DESIGN §3.2 as one function.
 
@@ -364,21 +332,6 @@ def _rate_limit_hint(x: Exchange, document: object) -> float | None:
     """A 429's wait from the provider's own signals: reset headers, else Google's RetryInfo."""
     reset = _ratelimits.reset_after(x.response_headers, x.wall_now)
     return reset if reset is not None else _ratelimits.retry_delay(document)
-
-
-def _http_date(value: str) -> float | None:
-    """An HTTP-date as epoch seconds; any of its three formats, always UTC."""
-    parsed = email.utils.parsedate_tz(value)
-    if parsed is None:
-        return None
-    day, hour, minute, second = parsed[2:6]
-    # Out-of-range fields make it garbage rather than a date to normalise.
-    if not (1 <= day <= 31 and hour < 24 and minute < 60 and second <= 60):
-        return None
-    try:
-        return calendar.timegm(parsed[:6]) - (parsed[9] or 0)
-    except (ValueError, OverflowError):  # a year beyond what the calendar handles
-        return None
 
 
 def _read_body(prefix: bytes) -> tuple[str, object]:

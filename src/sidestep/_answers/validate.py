@@ -7,7 +7,7 @@ upstream cut short and fail over instead (DESIGN §3.1):
 - a body declared ``application/json`` (or ``…+json``) must parse as JSON;
 - a ``text/event-stream`` body of a dialect the LLM SDKs read (the path
   names it, else its first JSON payload's shape does) passes exactly when
-  that SDK's own decoder reads it whole without an error (`_sse` parses it
+  that SDK's own decoder reads it whole without an error (`sse` parses it
   as they do) — and reaches its dialect's end, which the SDKs do not ask
   for but which tells a stream cut short: ``data: [DONE]`` for OpenAI chat
   and completions, a ``response.completed``, ``response.failed`` or

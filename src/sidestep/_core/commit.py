@@ -20,7 +20,8 @@ from typing import Any
 
 from .._answers import classify as c11n
 from .._answers.classify import Kind, Verdict
-from .._answers.sse import HELD, HOLD_LIMIT, Head, error_answer, head_for
+from .._answers.error_events import error_answer
+from .._answers.first_token import HELD, HOLD_LIMIT, Head, head_for
 from .._answers.validate import body_problem
 from .._common.errors import InvalidUpstreamBody
 from .._common.scopes import ScopeKind
@@ -243,7 +244,7 @@ class Committing(Verdicts):
     ) -> Outcome | None:
         """The outcome of an answer whose stream opened with an error event (None: it did not).
 
-        Judged as the plain answer the error stands for (`_sse.error_answer`)
+        Judged as the plain answer the error stands for (`error_events.error_answer`)
         by the classifier, so an overload fails over like a 529 and a rate
         limit suspends like a 429; the status the verdict carries is the
         answer's own. The response goes back as it came, held bytes and all:
