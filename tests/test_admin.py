@@ -22,13 +22,13 @@ from fastapi.middleware.cors import CORSMiddleware
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import sidestep
-import sidestep._ops.admin
+import sidestep._ops.admin_page
 import sidestep.admin
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from servers import serve_asgi, serve_wsgi
 from sidestep._answers.classify import RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKind
-from sidestep._core.listing import Listed
+from sidestep._core.listed import Listed
 from sidestep._settings.policies import BreakerPolicy, Suspensions
 from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
@@ -704,7 +704,9 @@ def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken
         store.armed = True
     elif held == "the encoding of its rows":
         # the page's rows, and the API's
-        monkeypatch.setattr("sidestep._ops.admin.as_json", holding(sidestep._ops.admin.as_json))
+        monkeypatch.setattr(
+            "sidestep._ops.admin_page.as_json", holding(sidestep._ops.admin_page.as_json)
+        )
         monkeypatch.setattr(Listed, "encoded", holding(Listed.encoded))
     else:
         add_observer(observer)

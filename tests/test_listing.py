@@ -23,7 +23,9 @@ import pytest
 import sidestep
 from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
-from sidestep._core.listing import Listed, Listing, as_json
+from sidestep._core.listed import Listed
+from sidestep._core.listing import Listing
+from sidestep._core.listing_row import as_json
 from sidestep._core.routes import Router
 from sidestep._settings.config import Config
 from sidestep._settings.policies import BreakerPolicy, Suspensions

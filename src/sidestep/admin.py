@@ -36,7 +36,10 @@ import anyio.to_thread
 
 from ._core.listing import Listing, StoreUnavailable
 from ._core.routes import Router
-from ._ops.admin import Answer, ListRows, Origins, Token, advance, handle, tokens_of
+from ._ops.admin import ListRows, advance, handle
+from ._ops.admin_answer import Answer
+from ._ops.admin_origins import Origins
+from ._ops.admin_tokens import Token, tokens_of
 from ._settings.config import Config, as_config
 from ._shells.transport import _Shell
 

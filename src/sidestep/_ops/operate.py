@@ -26,7 +26,8 @@ from typing import Any, TextIO
 from urllib.parse import quote, urlsplit
 
 from .._common.errors import ConfigError
-from .._core.listing import Listing, StoreUnavailable, as_json, matches
+from .._core.listing import Listing, StoreUnavailable
+from .._core.listing_row import as_json, matches
 from .._core.routes import Router
 from .._settings.config import Config, _validate, load_config
 from .._settings.stores import plain_redis_url

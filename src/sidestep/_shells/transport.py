@@ -20,12 +20,13 @@ from anyio.lowlevel import EventLoopToken, current_token
 from .._core.attempts import Core
 from .._core.effects import Call, Clock, Close, Read, Scan, Send, Sleep
 from .._core.flavour import Flavour, is_proxy
-from .._core.listing import Listing, StoreUnavailable, Suspension
+from .._core.listing import Listing, StoreUnavailable
+from .._core.listing_row import Suspension
 from .._core.run import Run
 from .._settings.config import Config
 from .._state.memory import StateStore
 
-__all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
+__all__ = ["AsyncFailoverTransport", "FailoverTransport"]
 
 _STORE_GRACE = 5.0  # seconds a store call may take, even while a cancellation unwinds
 _TYPED_FIRST = 0.1  # seconds the deadline waits for the transport's own timeout to fire
