@@ -421,10 +421,10 @@ def test_both_flavours_have_a_request_s_key_read_by_position() -> None:
 
     import httpx2
 
-    from sidestep._core.attempts import _BY_NAME, _BY_POSITION, _key_parts
+    from sidestep._core.fast_path import _BY_NAME, _BY_POSITION, key_parts
 
-    assert _key_parts(httpx) is _BY_POSITION
-    assert _key_parts(httpx2) is _BY_POSITION
+    assert key_parts(httpx) is _BY_POSITION
+    assert key_parts(httpx2) is _BY_POSITION
 
     class Parsed(tuple[Any, ...]):
         scheme = property(lambda self: self[1])
@@ -438,8 +438,8 @@ def test_both_flavours_have_a_request_s_key_read_by_position() -> None:
 
     other = types.ModuleType("other")
     other.URL = URL  # type: ignore[attr-defined]
-    assert _key_parts(other) is _BY_NAME
-    assert _key_parts(other)(URL("")._uri_reference) == ("http", "h.example", 1, "/p")
+    assert key_parts(other) is _BY_NAME
+    assert key_parts(other)(URL("")._uri_reference) == ("http", "h.example", 1, "/p")
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -12,8 +12,8 @@ import structlog
 
 import sidestep
 from drivers import MakeDriver, route
-from sidestep._core.attempts import Core
 from sidestep._core.effects import Send
+from sidestep._core.loop import Core
 from sidestep._core.run import Run
 from sidestep.logging import add_observer, listening, remove_observer
 from upstream import IN_TIME, Hang, Respond, Upstream

@@ -26,8 +26,8 @@ import httpx
 import pytest
 
 from drivers import FakeClock, MakeDriver, elapsed, route
-from sidestep._core.attempts import Core
 from sidestep._core.flavour import Flavour
+from sidestep._core.loop import Core
 from sidestep._settings.config import Config
 from upstream import (
     CLIENT_TIMEOUT,

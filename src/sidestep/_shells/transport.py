@@ -1,4 +1,4 @@
-"""The sync and async transports: thin I/O drivers over the core in `_attempts`.
+"""The sync and async transports: thin I/O drivers over the core in `_core.loop`.
 
 A shell runs `Core.handle` and performs each effect it yields — send, read a
 body's head, close, sleep, call the store — handing back the result or the
@@ -17,11 +17,11 @@ import anyio
 import httpx
 from anyio.lowlevel import EventLoopToken, current_token
 
-from .._core.attempts import Core
 from .._core.effects import Call, Clock, Close, Read, Scan, Send, Sleep
 from .._core.flavour import Flavour, is_proxy
 from .._core.listing import Listing, StoreUnavailable
 from .._core.listing_row import Suspension
+from .._core.loop import Core
 from .._core.run import Run
 from .._settings.config import Config
 from .._state.memory import StateStore
