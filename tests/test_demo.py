@@ -35,7 +35,7 @@ LAUNCH = (
     "import signal\n"
     "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "import argparse, sys\n"
-    "from sidestep import _demo\n"
+    "from sidestep._ops import demo as _demo\n"
     "parser = argparse.ArgumentParser()\n"
     "_demo.add_arguments(parser)\n"
     "sys.exit(_demo.run(parser.parse_args(sys.argv[1:])))\n"

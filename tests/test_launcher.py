@@ -317,7 +317,7 @@ def test_demo_without_its_module_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """When the demo module cannot be imported, `sidestep demo` says so and exits 2."""
-    monkeypatch.delattr(sidestep, "_demo", raising=False)
+    monkeypatch.delattr(sidestep._ops, "demo", raising=False)
     monkeypatch.setitem(sys.modules, "sidestep._ops.demo", None)
     assert main(["demo"]) == 2
     assert "sidestep demo: not available here" in capsys.readouterr().err

@@ -1,5 +1,5 @@
 """The `sidestep` command: `run` (the launcher), `demo`, and the operator's
-`suspensions`, `clear` and `doctor` (in `_operate`).
+`suspensions`, `clear` (both in `operate`) and `doctor` (in `doctor_command`).
 
 `demo` lives in its own module, imported only when it is asked for, so the
 command works without it (and `run` does not pay for importing it); the
@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 
 from .._common.version import __version__
+from .doctor_command import add_doctor, doctor
 from .launcher import run as launch
-from .operate import add_doctor, add_operations, doctor, operate
+from .operate import add_operations, operate
 
 __all__ = ["main"]
 
