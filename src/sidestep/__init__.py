@@ -12,9 +12,10 @@ from ._common.errors import (
     SidestepError,
 )
 from ._common.version import __version__
+from ._core.listing import Suspension
 from ._settings.config import Config, load_config
 from ._shells.adopt import install, uninstall, wrap
-from ._shells.transport import AsyncFailoverTransport, FailoverTransport, Suspension
+from ._shells.transport import AsyncFailoverTransport, FailoverTransport
 from ._state.memory import MemoryStore, StateStore
 from ._state.sqlite.store import SqliteStore
 
