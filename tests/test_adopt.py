@@ -14,7 +14,7 @@ import pytest
 import sidestep
 import sidestep.httpx2
 from sidestep._shells.adopt import _Dispatch
-from sidestep._shells.transport import _Shell
+from sidestep._shells.shell import Shell
 
 KINDS = ("httpx-sync", "httpx-async", "httpx2-sync", "httpx2-async")
 CLASSES = (httpx.Client, httpx.AsyncClient, httpx2.Client, httpx2.AsyncClient)
@@ -124,7 +124,7 @@ def close(client: Any) -> None:
 def originals(client: Any) -> list[Any]:
     """What each wrapped slot of `client` sends through, main transport first."""
     slots = [client._transport, *(t for t in client._mounts.values() if t is not None)]
-    assert all(isinstance(t, _Shell) and isinstance(t.inner, _Dispatch) for t in slots)
+    assert all(isinstance(t, Shell) and isinstance(t.inner, _Dispatch) for t in slots)
     return [t.inner.own for t in slots]
 
 
@@ -353,7 +353,7 @@ def test_concurrent_installs_and_new_clients_wrap_each_client_once() -> None:
         t.start()
     for t in threads:
         t.join()
-    wrapped = [c for c in made if isinstance(c._transport, _Shell)]
+    wrapped = [c for c in made if isinstance(c._transport, Shell)]
     assert wrapped
     assert all(originals(c) == [transport] for c in wrapped)
     sidestep.uninstall()

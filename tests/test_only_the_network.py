@@ -16,7 +16,7 @@ import httpx2
 import pytest
 
 import sidestep
-from sidestep._shells.transport import _Shell
+from sidestep._shells.shell import Shell
 from upstream import Respond, Upstream
 
 FLAVOURS = {"httpx": httpx, "httpx2": httpx2}
@@ -95,7 +95,7 @@ def test_install_leaves_transports_that_reach_no_network_as_they_are(
     for name, transport in doubles(http, 200).items():
         client = (http.AsyncClient if name == "asgi" else http.Client)(transport=transport)
         assert client._transport is transport, name
-    assert isinstance(http.Client()._transport, _Shell)
+    assert isinstance(http.Client()._transport, Shell)
 
 
 def test_a_test_double_is_never_refused_for_what_the_network_taught(
@@ -154,10 +154,10 @@ def test_an_explicit_wrap_takes_over_a_client_install_wrapped_in_part(
     wire = http.HTTPTransport()
     client = http.Client(transport=mock, mounts={f"http://127.0.0.1:{b.port}": wire})
     mount = next(iter(client._mounts.values()))
-    assert client._transport is mock and isinstance(mount, _Shell)
+    assert client._transport is mock and isinstance(mount, Shell)
     sidestep.wrap(client, routed(a.url, b.url))
     shells = [client._transport, *client._mounts.values()]
-    assert all(isinstance(t, _Shell) for t in shells)
+    assert all(isinstance(t, Shell) for t in shells)
     assert [t.inner.own for t in shells] == [mock, wire]
     assert client.get(b.url + "/v1/chat").text == "b"
     client.close()

@@ -16,7 +16,7 @@ import pytest
 import sidestep
 from llm_upstream import SDKS, ForwardingProxy, Sdk, llm, unavailable
 from sidestep._settings.values import SidestepConfigWarning
-from sidestep._shells.transport import _Shell
+from sidestep._shells.shell import Shell
 from upstream import (
     IN_TIME,
     Action,
@@ -220,7 +220,7 @@ def test_uninstall_leaves_a_new_sdk_client_untouched(sdk: Sdk, a: Upstream, b: U
     sidestep.install(llm_config(sdk, a, b))
     sidestep.uninstall()
     with sdk.client(a.url, is_async=False) as client:
-        assert not isinstance(client._client._transport, _Shell)
+        assert not isinstance(client._client._transport, Shell)
         with pytest.raises(sdk.module.InternalServerError):
             sdk.ask(client)
     assert (a.calls, b.calls) == (1, 0)
@@ -232,7 +232,7 @@ def test_install_twice_wraps_an_sdk_client_once(sdk: Sdk, a: Upstream, b: Upstre
     sidestep.install(llm_config(sdk, a, b))
     with sdk.client(a.url, is_async=False) as client:
         transport = client._client._transport
-        assert not isinstance(transport.inner.own, _Shell)
+        assert not isinstance(transport.inner.own, Shell)
         response = sdk.ask_raw(client)
     assert response.extensions["sidestep"] == {
         "route": "llm",
@@ -251,7 +251,7 @@ def test_install_does_not_wrap_a_wrapped_sdk_client_again(
     transport = http_client._transport
     with sdk.client(a.url, is_async=False, http_client=http_client) as client:
         assert client._client._transport is transport
-        assert not isinstance(transport.inner.own, _Shell)
+        assert not isinstance(transport.inner.own, Shell)
         assert_answered_by_backup(sdk, a, b, sdk.ask(client))
 
 

@@ -41,7 +41,7 @@ from ._ops.admin_answer import Answer
 from ._ops.admin_origins import Origins
 from ._ops.admin_tokens import Token, tokens_of
 from ._settings.config import Config, as_config
-from ._shells.transport import _Shell
+from ._shells.shell import Shell
 
 __all__ = ["Token", "app", "wsgi_app"]
 
@@ -52,7 +52,7 @@ def _listing_of(source: Any, config: Config | None) -> Listing:
     A store alone knows no route or target names: give the `config` whose routes
     name its scopes (without one, each row's target is its origin).
     """
-    if isinstance(source, _Shell):
+    if isinstance(source, Shell):
         core = source._core
         return Listing(core.store, core.router, core.clock)
     if hasattr(source, "snapshot") and hasattr(source, "clear_async"):

@@ -24,7 +24,8 @@ from .._core.flavour import is_proxy, reaches_network
 from .._settings.config import Config, as_config
 from .._state.build import build_store
 from .._state.memory import StateStore
-from .transport import AsyncFailoverTransport, FailoverTransport, _Shell
+from .shell import Shell
+from .transport import AsyncFailoverTransport, FailoverTransport
 
 if TYPE_CHECKING:
     import httpx2
@@ -36,7 +37,7 @@ Client = TypeVar(
 )
 
 # The shell for each client class; subclasses (the SDKs' default clients) find theirs by MRO.
-_SHELLS: dict[type[Any], type[_Shell]] = {
+_SHELLS: dict[type[Any], type[Shell]] = {
     httpx.Client: FailoverTransport,
     httpx.AsyncClient: AsyncFailoverTransport,
 }
@@ -61,7 +62,7 @@ class _Installed:
 _lock = threading.RLock()  # re-entrant: a client created while wrapping must not deadlock
 _installed: _Installed | None = None
 _originals: dict[type[Any], tuple[Callable[..., None], Callable[..., None]]] = {}
-_installed_shells: weakref.WeakSet[_Shell] = weakref.WeakSet()
+_installed_shells: weakref.WeakSet[Shell] = weakref.WeakSet()
 
 
 class _Dispatch:
@@ -229,7 +230,7 @@ def _after_init(original: Callable[..., None]) -> Callable[..., None]:
     return __init__
 
 
-def _shell_class(client: object) -> type[_Shell]:
+def _shell_class(client: object) -> type[Shell]:
     for cls in type(client).__mro__:
         shell = _SHELLS.get(cls)
         if shell is not None:
@@ -243,7 +244,7 @@ def _shell_class(client: object) -> type[_Shell]:
 def _replaceable(transport: Any) -> bool:
     """A shell that install() put there, still active or turned off by uninstall()."""
     return (
-        isinstance(transport, _Shell)
+        isinstance(transport, Shell)
         and isinstance(transport.inner, _Dispatch)
         and (transport in _installed_shells or not transport.active)
     )
@@ -251,17 +252,17 @@ def _replaceable(transport: Any) -> bool:
 
 def _original(transport: Any) -> Any:
     """The transport install() put a shell over, or `transport` if it put none."""
-    return transport.inner.own if isinstance(transport, _Shell) else transport
+    return transport.inner.own if isinstance(transport, Shell) else transport
 
 
 def _wrap(
-    client: Any, shell: type[_Shell], config: Config, store: StateStore | None, *, explicit: bool
+    client: Any, shell: type[Shell], config: Config, store: StateStore | None, *, explicit: bool
 ) -> None:
     """Put shells of `shell` over the client's transport and mounts; the caller holds the lock."""
     main: Any = client._transport
     mounts: dict[Any, Any] = client._mounts
     slots = [main, *(t for t in mounts.values() if t is not None)]
-    shells = [t for t in slots if isinstance(t, _Shell)]
+    shells = [t for t in slots if isinstance(t, Shell)]
     if shells:
         if not explicit or not all(_replaceable(t) for t in shells):
             return  # wrapped already

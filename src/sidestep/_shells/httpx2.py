@@ -18,14 +18,15 @@ except ModuleNotFoundError as exc:
     ) from None
 
 from .._core.flavour import Flavour
-from .transport import _AsyncShell, _SyncShell
+from .async_shell import AsyncShell
+from .sync_shell import SyncShell
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport"]
 
 _HTTPX2 = Flavour(_httpx2)
 
 
-class AsyncFailoverTransport(_AsyncShell, _httpx2.AsyncBaseTransport):
+class AsyncFailoverTransport(AsyncShell, _httpx2.AsyncBaseTransport):
     """An `httpx2.AsyncBaseTransport` that skips suspended upstreams and fails over.
 
     Arguments as `sidestep.AsyncFailoverTransport`; the inner transport
@@ -35,7 +36,7 @@ class AsyncFailoverTransport(_AsyncShell, _httpx2.AsyncBaseTransport):
     _flavour = _HTTPX2
 
 
-class FailoverTransport(_SyncShell, _httpx2.BaseTransport):
+class FailoverTransport(SyncShell, _httpx2.BaseTransport):
     """An `httpx2.BaseTransport` that skips suspended upstreams and fails over.
 
     Arguments as `sidestep.FailoverTransport`; the inner transport defaults to
