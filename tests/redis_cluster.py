@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import redis
-
 from redis_server import PASSWORD, RedisMissing
 from upstream import free_port
 

@@ -17,7 +17,6 @@ import time
 import uuid
 
 import redis
-
 from upstream import free_port
 
 PASSWORD = "s3cret-redis-pw"

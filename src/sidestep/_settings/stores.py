@@ -27,9 +27,9 @@ __all__ = [
 ]
 
 # The defaults of `MemoryStore`, `SqliteStore` and `RedisStore`, shown by the settings;
-# tests/test_store_config.py checks they are the classes' own (importing `_redis` here would
-# need the redis extra). A store is built with only the options that were set, so the
-# class's own default is the one that applies.
+# tests/settings/test_store_config.py checks they are the classes' own (and settings never
+# import a store). A store is built with only the options that were set, so the class's
+# own default is the one that applies.
 _MAX_SCOPES = 10_000
 _REDIS_TIMEOUT = 0.25
 _REDIS_TTL = 3600.0

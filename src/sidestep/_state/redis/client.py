@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis.commands.core import AsyncScript
+
+import redis
 
 from .keys import origin_of, origin_pattern
 from .scripts import SCRIPT

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
-import redis
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
@@ -32,6 +31,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript, Script
 from redis.retry import Retry
+
+import redis
 
 from ..._answers.classify import Verdict
 from ..._common.scopes import Fingerprinter, ScopeFacts

@@ -25,7 +25,7 @@ from sidestep.logging import add_observer, remove_observer
 from test_admin import suspend_origins
 from upstream import Respond, Upstream, free_port
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CREDENTIAL = "sk-cli-credential-0123456789"
 
 

@@ -16,30 +16,17 @@ from typing import Any
 import pytest
 
 import sidestep
+from children import PYTHON, SRC, TESTS, environment
 from llm_upstream import SDKS, llm, unavailable
 from sidestep._ops.cli import main
 from upstream import Upstream
 
-SRC = Path(sidestep.__file__).parent.parent  # where the sidestep under test lives
-TESTS = Path(__file__).parent
-PYTHON = sys.executable
 # what a child prints to show whether sidestep is under its clients
 SHOW_TRANSPORTS = (
     "import httpx, httpx2; "
     "print(type(httpx.Client()._transport).__name__, type(httpx2.AsyncClient()._transport).__name__)"
 )
 WRAPPED = "FailoverTransport AsyncFailoverTransport"
-_PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
-
-
-def environment(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k != "SIDESTEP_CONFIG" and k.upper() not in _PROXY_VARIABLES
-    }
-    env["PYTHONPATH"] = f"{SRC}{os.pathsep}{TESTS}"
-    return {**env, **extra}
 
 
 def sidestep_run(

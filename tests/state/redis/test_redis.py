@@ -1,6 +1,6 @@
 """RedisStore against a real Redis: shared across processes, leased probes, outages, redaction.
 
-The semantics themselves are pinned by tests/test_store.py, which runs every
+The semantics themselves are pinned by tests/state/test_store.py, which runs every
 store test on both stores; here a random differential test holds RedisStore
 to MemoryStore's answers, socket-level tests stage slow, lost and missing
 replies (`DelayProxy`, a silent socket, a stopped server), and the
@@ -30,11 +30,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-import redis
 import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import redis
 import sidestep
 from drivers import route
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix

@@ -24,6 +24,7 @@ import httpx
 import pytest
 import structlog
 
+from children import TESTS, environment
 from drivers import MakeDriver, route
 from sidestep._answers.classify import QUOTA_EXHAUSTED, RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKind
@@ -31,7 +32,6 @@ from sidestep._settings.policies import BreakerPolicy, Suspensions
 from sidestep._state.circuit import State
 from sidestep._state.failopen import LocalTicket
 from sidestep._state.sqlite.store import SqliteStore
-from test_launcher import TESTS, environment
 from upstream import IN_TIME, STORE_WAIT, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
@@ -384,7 +384,7 @@ def test_a_worker_forked_from_a_master_that_opened_the_file_keeps_sharing_it(
     path = tmp_path / "s.db"
     done = subprocess.run(  # noqa: S603
         [sys.executable, "-c", _FORKED, str(path)],
-        env=environment(),
+        env=environment(Path(__file__).parent),  # the child imports this module
         cwd=TESTS,
         capture_output=True,
         text=True,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from upstream import IN_TIME
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 # Small counts and short timeouts: the whole demo in a couple of seconds.
 SMALL = [
     "--requests",

@@ -1,6 +1,6 @@
 """A client closed between two attempts of one request sends nothing more.
 
-`tests/test_closing.py` closes a client while an attempt is in flight, and while a
+`tests/core/test_closing.py` closes a client while an attempt is in flight, and while a
 retry waits. These close it in the gaps left: while the next candidate is admitted
 (a store that waits on I/O, such as SQLite's, lets another task run there), and as
 the next candidate or the retry starts (another thread may close a sync client at any

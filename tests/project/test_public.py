@@ -16,7 +16,7 @@ import sidestep
 from sidestep._answers.classify import Exchange, Kind, classify
 from sidestep._settings.values import SidestepConfigWarning
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The README and every page of the documentation site.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 YAML_BLOCKS = [

@@ -1,7 +1,7 @@
 """RedisStore on a real Redis Cluster (3 primaries, 3 replicas, started once per session).
 
-The store contract (tests/test_store.py) and the multi-process probes
-(tests/test_store_processes.py) run on the cluster too; here is what only a
+The store contract (tests/state/test_store.py) and the multi-process probes
+(tests/state/test_store_processes.py) run on the cluster too; here is what only a
 cluster has: where keys go, the mirror's broadcast, views that span every
 primary, configuration, the asyncio client, and a primary killed mid-traffic.
 """

@@ -52,7 +52,7 @@ from sidestep._settings.stores import (
 from sidestep._settings.values import SidestepConfigWarning
 from upstream import Respond, Upstream
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNNABLE = re.compile(r"^<!-- runnable -->\n```(python|yaml)\n(.*?)^```", re.M | re.S)
 

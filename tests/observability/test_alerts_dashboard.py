@@ -15,7 +15,7 @@ import yaml
 
 from sidestep.metrics._labels import INSTRUMENTS
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ALERTS = EXAMPLES / "prometheus" / "alerts.yml"
 DASHBOARD = EXAMPLES / "grafana" / "sidestep.json"
 

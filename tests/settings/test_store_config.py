@@ -17,7 +17,7 @@ from sidestep._settings.stores import MemoryStoreSettings, RedisStoreSettings, S
 from sidestep._state.build import build_store
 
 PASSWORD = "S3CR3Tstorepassword"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.shipped_store_timeouts

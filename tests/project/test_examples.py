@@ -25,7 +25,7 @@ from scrape import sample, samples
 from suspensions import assert_unavailable
 from upstream import Action, Seen, Upstream, free_port, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The commands of the examples' READMEs, run from the repository root; the port is added.
 COMMANDS = {
     "fastapi": ["uvicorn", "examples.fastapi_app.app:app"],

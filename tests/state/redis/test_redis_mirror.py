@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
+import redis
 import sidestep
 import sidestep._state.redis.mirror
 from redis_server import DelayProxy, RedisServer, fresh_prefix
