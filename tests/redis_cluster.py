@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import redis
+
 from redis_server import PASSWORD, RedisMissing
 from upstream import free_port
 

@@ -17,6 +17,7 @@ import time
 import uuid
 
 import redis
+
 from upstream import free_port
 
 PASSWORD = "s3cret-redis-pw"

@@ -320,7 +320,8 @@ def test_a_redis_cluster_store_names_no_password_or_credential(cluster_url: str)
     assert store.snapshot(0)  # something was kept, and it is what is checked
     client_url = cluster_url.replace("redis+cluster://", "redis://")
     written = []
-    with sidestep.RedisStore(client_url, cluster=True)._sync_script().registered_client as raw:
+    clients = sidestep.RedisStore(client_url, cluster=True)._clients
+    with clients.sync_script().registered_client as raw:
         for key in raw.scan_iter(match=f"{prefix}:*"):
             written.append(key)
             if raw.type(key) == "hash":

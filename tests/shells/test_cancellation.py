@@ -18,10 +18,10 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import redis
 import structlog
 from prometheus_client import CollectorRegistry, generate_latest
 
-import redis
 import sidestep
 from drivers import FakeClock, route
 from redis_server import fresh_prefix

@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-
 import redis
+
 import sidestep
 from drivers import Driver, FakeClock, outcome
 from upstream import Hang, Respond, Upstream, wait_for

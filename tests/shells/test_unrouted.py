@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
 import redis
+
 import sidestep
 from drivers import KINDS, Driver, FakeClock, route
 from upstream import Hang, Respond, Upstream, free_port

@@ -30,11 +30,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import redis
 import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import redis
 import sidestep
 from drivers import route
 from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
@@ -260,13 +260,13 @@ def test_round_trips_per_admission_and_verdict(redis_url: str) -> None:
     """Without a live mirror, a healthy origin costs one script call per admission and per verdict; an origin known unhealthy sends its keys in the first call."""
     store = store_on(redis_url)
     calls: list[str] = []
-    script = store._script
+    script = store._clients._script
 
     def counting(*args: Any, **kw: Any) -> Any:
         calls.append(kw["args"][0])
         return script(*args, **kw)
 
-    store._script = counting  # type: ignore[assignment]
+    store._clients._script = counting  # type: ignore[assignment]
     p = BreakerPolicy(failure_threshold=3, cooldown=10)
     ticket = store.admit(facts(store), p, 0).ticket
     assert ticket is not None and ticket.generations is None
@@ -530,8 +530,8 @@ def test_an_admission_reaching_redis_after_its_drop_takes_nothing(
     open_scope(store, ONE_PROBE)
     key = model_scope(store)
     monkeypatch.setattr("sidestep._state.redis.calls._token", lambda keys: "given-up")
-    store._queue_drops([(origin_hash(key.origin), "given-up", "5000", "1", key.scope_id)])
-    store._send_drops()  # the drop overtook its admission
+    store._driver._queue_drops([(origin_hash(key.origin), "given-up", "5000", "1", key.scope_id)])
+    store._driver._send_drops()  # the drop overtook its admission
     assert store.admit(facts(store), ONE_PROBE, 10.0).ticket is None
     assert leases(redis_server, store, key) == {}
     monkeypatch.undo()
@@ -988,7 +988,8 @@ def test_async_clients_close_with_their_event_loop(own_redis: RedisServer) -> No
             asyncio.run(store.admit_async(facts(store), p, 0))
         gc.collect()
         wait_for(lambda: len(admin.client_list()) <= base)
-        assert len(store._async) <= 1  # the last loop's, closed: dropped with the next loop
+        # the last loop's, closed: dropped with the next loop
+        assert len(store._clients._async) <= 1
 
         assert store.admit(facts(store), p, 0).ticket is not None  # the sync client connects
 
@@ -999,7 +1000,7 @@ def test_async_clients_close_with_their_event_loop(own_redis: RedisServer) -> No
             wait_for(lambda: len(admin.client_list()) == base + 1)  # the sync one stays
 
         asyncio.run(use_then_aclose())
-        assert len(store._async) == 0
+        assert len(store._clients._async) == 0
         assert store.admit(facts(store), p, 0).ticket is not None
         assert len(admin.client_list()) == base + 1  # the same sync connection, still open
         assert store.fallbacks == 0

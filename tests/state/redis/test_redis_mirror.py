@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-
 import redis
+
 import sidestep
 import sidestep._state.redis.mirror
 from redis_server import DelayProxy, RedisServer, fresh_prefix
@@ -60,13 +60,13 @@ def live(store: RedisStore) -> RedisStore:
 def counting(store: RedisStore) -> list[str]:
     """The script calls `store` makes from now on, by operation."""
     calls: list[str] = []
-    script = store._script
+    script = store._clients._script
 
     def count(*args: Any, **kw: Any) -> Any:
         calls.append(kw["args"][0])
         return script(*args, **kw)
 
-    store._script = count  # type: ignore[assignment]
+    store._clients._script = count  # type: ignore[assignment]
     return calls
 
 

@@ -5,7 +5,7 @@ its reply back, so that the sync and the async shells drive the same steps
 without copying a decision. `Calls` holds what every call carries (the
 prefix, the key lifetime, the cap, the clock) and the origins this process
 has seen unhealthy, whose admissions send their scope keys in the first
-round trip.
+round trip. The values themselves are written and read back by `values`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..._answers.classify import Kind, Verdict
 from ..._common.scopes import ScopeFacts, ScopeKey, ScopeKind
-from .. import circuit
 from ..circuit import State
 from ..memory import Admission, Refusal, ScopeStatus, Ticket, Transition, verdict_keys
 from .keys import anchor, origin_hash
+from .values import forgotten, ms, scope_key, transitions, verdict_args
 
 if TYPE_CHECKING:
     from ..._settings.policies import BreakerPolicy, Suspensions
@@ -34,7 +34,6 @@ __all__ = [
     "Calls",
     "RedisTicket",
     "Steps",
-    "ms",
 ]
 
 T = TypeVar("T")
@@ -153,7 +152,7 @@ class Calls:
             shadow=refusal is not None,
             token=token,
         )
-        return Admission(ticket, refusal, _transitions(keys, changes))
+        return Admission(ticket, refusal, transitions(keys, changes))
 
     def _admit_call(
         self,
@@ -210,11 +209,11 @@ class Calls:
                 return ()
         call = self._record_call(ticket, keys, now)
         if keys:
-            call.args.extend(_verdict_args(verdict, policy, suspensions, ticket.facts.routed))
+            call.args.extend(verdict_args(verdict, policy, suspensions, ticket.facts.routed))
         sent = time.monotonic()  # before the script may forget a scope
         _, sick, changes, seq, dropped = yield call
         self._note(origin, sick, int(seq))
-        return (*_transitions(keys, changes), *_forgotten(dropped, sent))
+        return (*transitions(keys, changes), *forgotten(dropped, sent))
 
     def release(self, ticket: RedisTicket) -> Steps[None]:
         if ticket.done:
@@ -281,7 +280,7 @@ class Calls:
             statuses.append(
                 ScopeStatus(
                     scope_id=sid,
-                    scope=_scope_key(ScopeKind(kind), origin, credential, model),
+                    scope=scope_key(ScopeKind(kind), origin, credential, model),
                     state=s,
                     reason=reason or None,
                     failures=int(failures),
@@ -355,78 +354,3 @@ def _token(keys: Sequence[ScopeKey]) -> str:
     Random per admission, so processes forked from one parent never share one.
     """
     return secrets.token_hex(8) if keys else ""
-
-
-def _transitions(keys: Sequence[ScopeKey], changes: list[Any]) -> tuple[Transition, ...]:
-    return tuple(
-        Transition(
-            scope=keys[index - 1],
-            state=State(state),
-            previous=State(previous),
-            reason=reason or None,
-            failures=int(failures),
-            retry_in=_retry_in(float(retry_in)),
-        )
-        for index, state, previous, reason, failures, retry_in in changes
-    )
-
-
-def _forgotten(dropped: list[Any], sent: float) -> tuple[Transition, ...]:
-    """The suspended scopes the script forgot to stay within ``max_scopes`` (sent at `sent`)."""
-    return tuple(
-        Transition(
-            scope=_scope_key(ScopeKind(kind), origin, credential, model),
-            state=State.CLOSED,
-            previous=State(state),
-            reason=reason or None,
-            failures=int(failures),
-            retry_in=None,
-            forgotten=True,
-            at=sent,
-        )
-        for _, kind, origin, credential, model, state, reason, failures in dropped
-    )
-
-
-def _verdict_args(
-    verdict: Verdict, policy: BreakerPolicy, suspensions: Suspensions, routed: bool
-) -> list[str]:
-    window = suspensions.window(verdict.reason or "") if verdict.kind is Kind.SUSPEND else None
-    rate = policy.failure_rate
-    return [
-        verdict.kind.value,
-        verdict.reason or "",
-        circuit.UNAVAILABLE,
-        _opt(verdict.retry_after),
-        "1" if verdict.slow else "0",
-        str(policy.failure_threshold),
-        repr(policy.cooldown),
-        repr(policy.max_cooldown),
-        repr(policy.backoff_multiplier),
-        _opt(window.initial if window else None),
-        _opt(window.max if window else None),
-        _opt(rate.threshold if rate else None),
-        _opt(rate.window if rate else None),
-        _opt(rate.minimum_calls if rate else None),
-        str(circuit.RATE_BUCKETS),
-        "1" if routed else "0",  # a route's verdict: the cap spares what it records on
-    ]
-
-
-def _scope_key(kind: ScopeKind, origin: str, credential: str, detail: str) -> ScopeKey:
-    """A stored scope's key: its last part is the model, or an endpoint's fingerprint."""
-    if kind is ScopeKind.ENDPOINT:
-        return ScopeKey(kind, origin, credential, endpoint=detail)
-    return ScopeKey(kind, origin, credential, detail)
-
-
-def _retry_in(seconds: float) -> float | None:
-    return None if math.isinf(seconds) else max(0.0, seconds)
-
-
-def _opt(value: float | None) -> str:
-    return "" if value is None else repr(value)
-
-
-def ms(seconds: float) -> str:
-    return str(max(1, math.ceil(seconds * 1000)))

@@ -1,6 +1,7 @@
-"""Redis connections for `RedisStore`: the handshake, one asyncio client per event loop,
-a bound on a whole asyncio exchange that never cancels its caller, and what differs
-on Redis Cluster (where the mirror subscribes, how the origins are found).
+"""Redis connections for `RedisStore`: its clients (`Clients`: the sync one, and one
+asyncio client per event loop), the handshake, a bound on a whole asyncio exchange
+that never cancels its caller, and what differs on Redis Cluster (where the mirror
+subscribes, how the origins are found).
 
 Only the Redis modules import redis.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import random
+import threading
 from collections.abc import AsyncGenerator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -18,16 +20,20 @@ from urllib.parse import urlsplit
 import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
-from redis.commands.core import AsyncScript
+import redis.connection
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript, Script
+from redis.retry import Retry
 
-import redis
-
+from .calls import LIST_ORIGINS, Call
 from .keys import origin_of, origin_pattern
 from .scripts import SCRIPT
 
 __all__ = [
     "NO_SETINFO",
     "NO_SOCKET_TIMEOUTS",
+    "Clients",
     "LoopClient",
     "aconnect",
     "ascan_origins",
@@ -50,7 +56,7 @@ NO_SETINFO: dict[str, Any] = (
     else {"lib_name": None, "lib_version": None}
 )
 
-# The asyncio client gets no timeouts of its own: `_bounded` bounds each whole
+# The asyncio client gets no timeouts of its own: `bounded` bounds each whole
 # call, without cancelling the caller. redis-py implements its socket timeouts
 # with `asyncio.wait_for` and `async_timeout`, which before Python 3.12 can
 # swallow a cancellation; a cancelled exchange must stop at its next await.
@@ -61,6 +67,144 @@ NO_SOCKET_TIMEOUTS: dict[str, Any] = {"socket_timeout": None, "socket_connect_ti
 class LoopClient:
     script: AsyncScript
     keeper: AsyncGenerator[None, None]  # closes the client when its event loop shuts down
+
+
+class Clients:
+    """One store's clients, each with the script registered: the sync one (on one Redis
+    made at once; on Redis Cluster on first use, as it reads the cluster's layout), and
+    an asyncio one per event loop, made on its first use there.
+
+    Args:
+        url: the server (one node of a Redis Cluster with ``cluster``).
+        where: the server as errors may show it (`display`).
+        prefix: the store's, under which `LIST_ORIGINS` finds the origins.
+        timeout: seconds each round trip of the sync client may take.
+        cluster: `url` names a node of a Redis Cluster.
+    """
+
+    def __init__(self, url: str, where: str, prefix: str, timeout: float, *, cluster: bool) -> None:
+        self._url = url
+        self._prefix = prefix
+        self._cluster = cluster
+        self._options: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
+            "decode_responses": True,
+            # RESP2: the script's replies need nothing newer, and redis-py 8's RESP3
+            # handshake adds a round trip (maintenance notifications) to every connection.
+            "protocol": 2,
+            **NO_SETINFO,
+        }
+        self._lock = threading.Lock()
+        self._client: redis.Redis | redis.cluster.RedisCluster | None = None
+        self._script: Script | None = None
+        if cluster:
+            if url.partition("://")[0] not in ("redis", "rediss"):
+                raise ValueError(f"Redis Cluster needs a redis:// or rediss:// URL: {where}")
+            # The client is made on first use (redis-py's reads the layout as it is made);
+            # the URL is read now, so a first use never meets an unusable one.
+            try:
+                redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
+                usable = True
+            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
+                usable = False
+            if not usable:
+                raise ValueError(f"not a usable Redis URL: {where}")
+        else:
+            client: redis.Redis | None
+            try:
+                client = redis.Redis.from_url(
+                    url, retry=Retry(NoBackoff(), 0), redis_connect_func=connect, **self._options
+                )
+            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
+                client = None
+            if client is None:
+                # Raised outside the handler, so the library's error (which may quote
+                # the URL's password) is not kept as this one's context.
+                raise ValueError(f"not a usable Redis URL: {where}")
+            self._client = client
+            self._script = client.register_script(SCRIPT)
+        self._async: dict[asyncio.AbstractEventLoop, LoopClient] = {}
+
+    def sync_script(self) -> Script:
+        script = self._script
+        if script is not None:
+            return script
+        with self._lock:
+            if self._script is None:
+                # Redis Cluster: made on first use, as it reads the cluster's layout. No
+                # script on connect: redis-py loads it on every primary at NOSCRIPT.
+                client = redis.cluster.RedisCluster.from_url(
+                    self._url, retry=Retry(NoBackoff(), 1), **self._options
+                )
+                self._client = client
+                self._script = client.register_script(SCRIPT)
+            return self._script
+
+    def new_subscription(self) -> Any:
+        """A new subscription for the mirror (on Redis Cluster, on any node)."""
+        self.sync_script()  # on Redis Cluster, makes the client
+        return subscription(self._client)
+
+    def call(self, call: Call) -> Any:
+        script = self.sync_script()
+        if call is LIST_ORIGINS:
+            return scan_origins(self._client, self._prefix)
+        return script(keys=call.keys, args=call.args)
+
+    async def acall(self, script: AsyncScript, call: Call) -> Any:
+        if call is LIST_ORIGINS:
+            return await ascan_origins(script.registered_client, self._prefix)
+        return await script(keys=call.keys, args=call.args)
+
+    async def async_script(self) -> AsyncScript:
+        """This event loop's script (an asyncio client is bound to the loop it runs on)."""
+        loop = asyncio.get_running_loop()
+        entry = self._async.get(loop)
+        if entry is not None:
+            return entry.script
+        with self._lock:  # loops in several threads may share the store
+            for old in [old for old in self._async if old.is_closed()]:
+                del self._async[old]  # its keeper closed its client as the loop shut down
+            entry = self._async.get(loop)
+            new = entry is None
+            if entry is None:
+                client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
+                if self._cluster:
+                    client = redis.asyncio.cluster.RedisCluster.from_url(
+                        self._url,
+                        retry=AsyncRetry(NoBackoff(), 1),
+                        **{**self._options, **NO_SOCKET_TIMEOUTS},
+                    )
+                else:
+                    client = redis.asyncio.Redis.from_url(
+                        self._url,
+                        retry=AsyncRetry(NoBackoff(), 0),
+                        redis_connect_func=aconnect,
+                        **{**self._options, **NO_SOCKET_TIMEOUTS},
+                    )
+                entry = self._async[loop] = LoopClient(
+                    client.register_script(SCRIPT), keeper(client)
+                )
+        if new:
+            # Started here, the keeper is one of this loop's async generators, which
+            # the loop closes as it shuts down: that closes the client's connections.
+            await entry.keeper.asend(None)
+        return entry.script
+
+    def close(self) -> None:
+        """Close the sync client's connections (used again, it reconnects)."""
+        if self._client is not None:
+            self._client.close()
+
+    async def aclose(self) -> None:
+        """Close the running asyncio event loop's client (the sync one stays open)."""
+        if not on_asyncio():
+            return  # under trio the async methods use the sync client
+        with self._lock:
+            entry = self._async.pop(asyncio.get_running_loop(), None)
+        if entry is not None:
+            await entry.keeper.aclose()
 
 
 async def bounded(exchange: Coroutine[Any, Any, T], timeout: float) -> T:

@@ -1,10 +1,13 @@
 """Circuit state shared across processes and hosts: `RedisStore`.
 
-Every store operation is one run of one Lua script (`_redis_scripts`) on the
+Every store operation is one run of one Lua script (`scripts`) on the
 server, so processes and hosts share circuits, generations and probe slots
 atomically, and the server's clock decides windows. When Redis does not
 answer within ``timeout``, the store serves from a local `MemoryStore` and
-goes back to Redis once it answers again. Only this module imports redis.
+goes back to Redis once it answers again. This module holds the protocol:
+each operation's steps (`calls`) go to the store's `Driver` (`drive`), which
+calls Redis through its `Clients` (`client`). Only the modules of this
+package import redis.
 
 It needs Redis 6.2 or later: one server, a primary with replicas, or Redis
 Cluster (``cluster=True`` or a ``redis+cluster://`` URL), where every key of
@@ -14,48 +17,21 @@ cluster's moves and failovers.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import re
-import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING
 
-import anyio
 import anyio.to_thread
-import redis.asyncio
-import redis.asyncio.cluster
-import redis.cluster
-import redis.connection
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
-from redis.commands.core import AsyncScript, Script
-from redis.retry import Retry
-
-import redis
 
 from ..._answers.classify import Verdict
 from ..._common.scopes import Fingerprinter, ScopeFacts
 from ..._settings.stores import plain_redis_url
 from ..failopen import FailOpen
 from ..memory import DEFAULT_MAX_SCOPES, Admission, MemoryStore, ScopeStatus, Ticket, Transition
-from .calls import LIST_ORIGINS, Call, Calls, RedisTicket, Steps
-from .client import (
-    NO_SETINFO,
-    NO_SOCKET_TIMEOUTS,
-    LoopClient,
-    aconnect,
-    ascan_origins,
-    bounded,
-    connect,
-    display,
-    keeper,
-    on_asyncio,
-    scan_origins,
-    subscription,
-)
+from .calls import Calls, RedisTicket
+from .client import Clients, display, on_asyncio
+from .drive import Driver
 from .mirror import Mirror
-from .scripts import SCRIPT
 
 if TYPE_CHECKING:
     from ..._settings.policies import BreakerPolicy, Suspensions
@@ -70,21 +46,15 @@ DEFAULT_PROBE_LEASE = 60.0
 DEFAULT_TTL = 3600.0
 DEFAULT_RETRY_INTERVAL = 1.0
 
-# Redis errors and socket errors (timeouts included) alike mean "serve from memory for now";
-# so does a cluster none of whose nodes could be reached to learn its layout.
-_UNAVAILABLE = (redis.RedisError, OSError, redis.exceptions.RedisClusterException)
 # Tried even while Redis is deemed down. A verdict on a ticket Redis issued can
 # only go to Redis (a lost probe verdict would hold its slot until the lease
 # ends), and only requests in flight when it went away have such tickets; an
 # operator's clear must reach the shared state, not just this process's.
 _ALWAYS_TRIED = frozenset({"record", "release", "clear"})
 _SCOPE_ID = re.compile(r"[0-9a-f]{16}")
-# Lost admissions waiting to be dropped; past this the oldest are left to their leases.
-_MAX_DROPS = 1024
 # While one caller retries a Redis deemed down, the others stay on memory for
 # up to this many timeouts: longer than any one attempt takes.
 _CLAIM_TIMEOUTS = 8
-T = TypeVar("T")
 
 
 class RedisStore:
@@ -179,7 +149,6 @@ class RedisStore:
         if not prefix:
             raise ValueError("prefix must not be empty")
         self.fingerprint = Fingerprinter(fingerprint_key)
-        self._url = url
         self._prefix = prefix
         self._shared_state = f"redis|{url}|{prefix}"  # `store_id`'s
         self._cluster = cluster
@@ -196,50 +165,15 @@ class RedisStore:
             claim=8 * timeout,
             always=_ALWAYS_TRIED,
         )
-        self._options: dict[str, Any] = {
-            "socket_timeout": timeout,
-            "socket_connect_timeout": timeout,
-            "decode_responses": True,
-            # RESP2: the script's replies need nothing newer, and redis-py 8's RESP3
-            # handshake adds a round trip (maintenance notifications) to every connection.
-            "protocol": 2,
-            **NO_SETINFO,
-        }
-        self._lock = threading.Lock()
-        self._client: redis.Redis | redis.cluster.RedisCluster | None = None
-        self._script: Script | None = None
-        if cluster:
-            if url.partition("://")[0] not in ("redis", "rediss"):
-                raise ValueError(f"Redis Cluster needs a redis:// or rediss:// URL: {self._where}")
-            # The client is made on first use (redis-py's reads the layout as it is made);
-            # the URL is read now, so a first use never meets an unusable one.
-            try:
-                redis.connection.parse_url(url)  # type: ignore[no-untyped-call]
-                usable = True
-            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
-                usable = False
-            if not usable:
-                raise ValueError(f"not a usable Redis URL: {self._where}")
-        else:
-            client: redis.Redis | None
-            try:
-                client = redis.Redis.from_url(
-                    url, retry=Retry(NoBackoff(), 0), redis_connect_func=connect, **self._options
-                )
-            except Exception:  # no I/O happens here: whatever it is, the URL is unusable
-                client = None
-            if client is None:
-                # Raised outside the handler, so the library's error (which may quote
-                # the URL's password) is not kept as this one's context.
-                raise ValueError(f"not a usable Redis URL: {self._where}")
-            self._client = client
-            self._script = client.register_script(SCRIPT)
-        self._async: dict[asyncio.AbstractEventLoop, LoopClient] = {}
-        self._drops: list[tuple[str, ...]] = []
+        self._clients = Clients(url, self._where, prefix, timeout, cluster=cluster)
+        self._driver = Driver(self._clients, self._calls, self._failopen, timeout)
         self._mirror: Mirror | None = None
         if mirror:
             self._mirror = self._calls.mirror = Mirror(
-                self._subscription, f"{prefix}:m", self._origins, retry_interval=retry_interval
+                self._clients.new_subscription,
+                f"{prefix}:m",
+                self._driver.origins,
+                retry_interval=retry_interval,
             )
 
     # Private test hooks and views: windows following the caller's `now` instead of the
@@ -277,7 +211,7 @@ class RedisStore:
 
     def __len__(self) -> int:
         """The scopes kept under the prefix (the local fallback's while Redis is down)."""
-        return int(self._run("count", self._calls.count(), self._fallback.__len__))
+        return int(self._driver.run("count", self._calls.count(), self._fallback.__len__))
 
     def close(self) -> None:
         """Stop the mirror's listener and close the sync client's connections (used
@@ -288,60 +222,11 @@ class RedisStore:
         """
         if self._mirror is not None:
             self._mirror.stop()
-        if self._client is not None:
-            self._client.close()
-
-    # -- the sync client: one Redis, or Redis Cluster ---------------------------------
-
-    def _sync_script(self) -> Script:
-        script = self._script
-        if script is not None:
-            return script
-        with self._lock:
-            if self._script is None:
-                # Redis Cluster: made on first use, as it reads the cluster's layout. No
-                # script on connect: redis-py loads it on every primary at NOSCRIPT.
-                client = redis.cluster.RedisCluster.from_url(
-                    self._url, retry=Retry(NoBackoff(), 1), **self._options
-                )
-                self._client = client
-                self._script = client.register_script(SCRIPT)
-            return self._script
-
-    def _subscription(self) -> Any:
-        """A new subscription for the mirror (on Redis Cluster, on any node)."""
-        self._sync_script()  # on Redis Cluster, makes the client
-        return subscription(self._client)
-
-    def _call(self, call: Call) -> Any:
-        script = self._sync_script()
-        if call is LIST_ORIGINS:
-            return scan_origins(self._client, self._prefix)
-        return script(keys=call.keys, args=call.args)
-
-    async def _acall(self, script: AsyncScript, call: Call) -> Any:
-        if call is LIST_ORIGINS:
-            return await ascan_origins(script.registered_client, self._prefix)
-        return await script(keys=call.keys, args=call.args)
-
-    def _origins(self) -> tuple[int, dict[str, int]]:
-        """The mirror's snapshot: a server's clock, and the origins with unhealthy scopes."""
-        steps = self._calls.origins()
-        call = next(steps)
-        while True:
-            try:
-                call = steps.send(self._call(call))
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+        self._clients.close()
 
     async def aclose(self) -> None:
         """Close the running asyncio event loop's client; the sync client stays open (`close`)."""
-        if not on_asyncio():
-            return  # under trio the async methods use the sync client
-        with self._lock:
-            entry = self._async.pop(asyncio.get_running_loop(), None)
-        if entry is not None:
-            await entry.keeper.aclose()
+        await self._clients.aclose()
 
     # -- the protocol ------------------------------------------------------------------
 
@@ -349,7 +234,7 @@ class RedisStore:
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
         steps = self._calls.admit(facts, policy, now, lease, vouch=not self._failopen.down)
-        return self._run(
+        return self._driver.run(
             "admit", steps, functools.partial(self._failopen.admit, facts, policy, now)
         )
 
@@ -363,17 +248,17 @@ class RedisStore:
     ) -> tuple[Transition, ...]:
         if not isinstance(ticket, RedisTicket):
             return self._failopen.issuer(ticket).record(ticket, verdict, policy, suspensions, now)
-        return self._run(
+        return self._driver.run(
             "record", self._calls.record(ticket, verdict, policy, suspensions, now), _nothing
         )
 
     def release(self, ticket: Ticket) -> None:
         if not isinstance(ticket, RedisTicket):
             return self._failopen.issuer(ticket).release(ticket)
-        self._run("release", self._calls.release(ticket), _none)
+        self._driver.run("release", self._calls.release(ticket), _none)
 
     def snapshot(self, now: float) -> list[ScopeStatus]:
-        return self._run(
+        return self._driver.run(
             "snapshot", self._calls.snapshot(now), functools.partial(self._fallback.snapshot, now)
         )
 
@@ -381,7 +266,7 @@ class RedisStore:
         local = self._fallback.clear(scope_id)  # both stores: the local one may hold it too
         if not _SCOPE_ID.fullmatch(scope_id):
             return local
-        return bool(self._run("clear", self._calls.clear(scope_id), _false)) or local
+        return bool(self._driver.run("clear", self._calls.clear(scope_id), _false)) or local
 
     async def admit_async(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
@@ -389,7 +274,7 @@ class RedisStore:
         if not on_asyncio():
             return await anyio.to_thread.run_sync(self.admit, facts, policy, now, lease)
         steps = self._calls.admit(facts, policy, now, lease, vouch=not self._failopen.down)
-        return await self._run_async(
+        return await self._driver.run_async(
             "admit", steps, functools.partial(self._failopen.admit, facts, policy, now)
         )
 
@@ -408,20 +293,20 @@ class RedisStore:
         if not isinstance(ticket, RedisTicket):
             return self._failopen.issuer(ticket).record(ticket, verdict, policy, suspensions, now)
         steps = self._calls.record(ticket, verdict, policy, suspensions, now)
-        return await self._run_async("record", steps, _nothing)
+        return await self._driver.run_async("record", steps, _nothing)
 
     async def release_async(self, ticket: Ticket) -> None:
         if not on_asyncio():
             return await anyio.to_thread.run_sync(self.release, ticket)
         if not isinstance(ticket, RedisTicket):
             return self._failopen.issuer(ticket).release(ticket)
-        return await self._run_async("release", self._calls.release(ticket), _none)
+        return await self._driver.run_async("release", self._calls.release(ticket), _none)
 
     async def snapshot_async(self, now: float) -> list[ScopeStatus]:
         if not on_asyncio():
             return await anyio.to_thread.run_sync(self.snapshot, now)
         otherwise = functools.partial(self._fallback.snapshot, now)
-        return await self._run_async("snapshot", self._calls.snapshot(now), otherwise)
+        return await self._driver.run_async("snapshot", self._calls.snapshot(now), otherwise)
 
     async def clear_async(self, scope_id: str) -> bool:
         if not on_asyncio():
@@ -429,154 +314,8 @@ class RedisStore:
         local = self._fallback.clear(scope_id)
         if not _SCOPE_ID.fullmatch(scope_id):
             return local
-        return bool(await self._run_async("clear", self._calls.clear(scope_id), _false)) or local
-
-    # -- driving the steps: against Redis, else locally ----------------------------------
-
-    def _run(self, op: str, steps: Steps[T], otherwise: Callable[[], T]) -> T:
-        try:
-            call = next(steps)  # decisions that need no server come first
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        if self._failopen.usable(op):
-            try:
-                while True:
-                    try:
-                        reply = self._call(call)
-                        self._failopen.answered()
-                        call = steps.send(reply)
-                    except StopIteration as stop:
-                        value: T = stop.value
-                        break
-                    except BaseException:
-                        if call.drop:  # its reply is lost: give its probe slots back
-                            self._drop_now(call.drop)
-                        raise
-            except _UNAVAILABLE as exc:
-                self._failopen.unavailable(op, exc)
-            else:
-                if self._drops:
-                    self._send_drops()
-                return value
-        steps.close()
-        return otherwise()
-
-    async def _run_async(self, op: str, steps: Steps[T], otherwise: Callable[[], T]) -> T:
-        try:
-            call = next(steps)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        if self._failopen.usable(op):
-            calls = [call]  # the call in flight last, for its drop if the reply is lost
-            try:
-                value = await bounded(self._exchange(steps, calls), self._timeout)
-            except BaseException as exc:
-                if calls[-1].drop:  # its reply never made it into a ticket: give its slots back
-                    self._queue_drops([calls[-1].drop])
-                    if not isinstance(exc, GeneratorExit):  # a closed coroutine cannot wait
-                        await self._send_drops_async()
-                if not isinstance(exc, _UNAVAILABLE):
-                    raise
-                self._failopen.unavailable(op, exc)
-            else:
-                if self._drops:
-                    await self._send_drops_async()
-                return value
-        steps.close()
-        return otherwise()
-
-    async def _exchange(self, steps: Steps[T], calls: list[Call]) -> T:
-        """Drive `steps` against Redis: connecting, the handshake and every round trip."""
-        script = await self._async_script()
-        while True:
-            reply = await self._acall(script, calls[-1])
-            self._failopen.answered()
-            try:
-                calls.append(steps.send(reply))
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-
-    async def _async_script(self) -> AsyncScript:
-        """This event loop's script (an asyncio client is bound to the loop it runs on)."""
-        loop = asyncio.get_running_loop()
-        entry = self._async.get(loop)
-        if entry is not None:
-            return entry.script
-        with self._lock:  # loops in several threads may share the store
-            for old in [old for old in self._async if old.is_closed()]:
-                del self._async[old]  # its keeper closed its client as the loop shut down
-            entry = self._async.get(loop)
-            new = entry is None
-            if entry is None:
-                client: redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster
-                if self._cluster:
-                    client = redis.asyncio.cluster.RedisCluster.from_url(
-                        self._url,
-                        retry=AsyncRetry(NoBackoff(), 1),
-                        **{**self._options, **NO_SOCKET_TIMEOUTS},
-                    )
-                else:
-                    client = redis.asyncio.Redis.from_url(
-                        self._url,
-                        retry=AsyncRetry(NoBackoff(), 0),
-                        redis_connect_func=aconnect,
-                        **{**self._options, **NO_SOCKET_TIMEOUTS},
-                    )
-                entry = self._async[loop] = LoopClient(
-                    client.register_script(SCRIPT), keeper(client)
-                )
-        if new:
-            # Started here, the keeper is one of this loop's async generators, which
-            # the loop closes as it shuts down: that closes the client's connections.
-            await entry.keeper.asend(None)
-        return entry.script
-
-    # -- lost admissions: their probe slots are dropped -----------------------------------
-
-    def _queue_drops(self, groups: list[tuple[str, ...]]) -> None:
-        """Keep drops that could not be sent, to go with the next call that succeeds."""
-        with self._lock:
-            self._drops[:0] = groups
-            del self._drops[:-_MAX_DROPS]  # the oldest are left to their leases
-
-    def _take_drops(self) -> list[tuple[str, ...]]:
-        with self._lock:
-            groups, self._drops = self._drops, []
-        return groups
-
-    def _drop_now(self, group: tuple[str, ...]) -> None:
-        self._queue_drops([group])
-        self._send_drops()
-
-    def _send_drops(self) -> None:
-        """Each lost admission's drop, one call each (each goes to its origin's slot)."""
-        groups = self._take_drops()
-        sent = 0
-        try:
-            for group in groups:
-                self._call(self._calls.drop(group))
-                sent += 1
-        except _UNAVAILABLE:
-            self._queue_drops(groups[sent:])
-        except BaseException:
-            self._queue_drops(groups[sent:])
-            raise
-
-    async def _send_drops_async(self) -> None:
-        groups = self._take_drops()
-        sent = 0
-        try:
-            # Even while a cancellation unwinds (it may be what lost the reply), briefly.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self._timeout):
-                script = await self._async_script()
-                for group in groups:
-                    await self._acall(script, self._calls.drop(group))
-                    sent += 1
-        except _UNAVAILABLE:
-            pass
-        finally:
-            if sent < len(groups):
-                self._queue_drops(groups[sent:])
+        cleared = await self._driver.run_async("clear", self._calls.clear(scope_id), _false)
+        return bool(cleared) or local
 
 
 def _nothing() -> tuple[Transition, ...]:
