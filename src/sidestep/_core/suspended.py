@@ -1,4 +1,4 @@
-"""The 503 answer to ``AllCandidatesSuspended``, shared by the web integrations.
+"""The 503 answer to ``AllCandidatesSuspended``, shared by the core and the web integrations.
 
 Finds the error behind whatever wrapped it (an SDK's connection error, an
 exception group) and builds the status, headers and body of DESIGN §3.4, so

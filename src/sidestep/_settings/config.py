@@ -1,4 +1,4 @@
-"""The configuration: pydantic models of every setting, duration and size parsing, loading.
+"""The whole configuration (`Config`), and reading it: from a YAML file or a mapping.
 
 `load_config` reads a YAML file, substitutes `${ENV_VAR}` references in its
 string values and validates the result into a frozen `Config`; `as_config`
