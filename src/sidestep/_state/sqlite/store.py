@@ -28,6 +28,7 @@ import anyio.to_thread
 
 from ..._common.scopes import ScopeFacts, ScopeKey
 from ..failopen import FailOpen, LocalTicket
+from ..kept import Origin
 from ..memory import (
     DEFAULT_MAX_SCOPES,
     Admission,
@@ -35,7 +36,6 @@ from ..memory import (
     ScopeStatus,
     Ticket,
     Transition,
-    _Origin,
 )
 from ..statuses import status_of
 from .loop import Worker, admit_in_thread
@@ -193,7 +193,7 @@ class SqliteStore(FileView):
         return _on_clock(admission, wall - now)
 
     def _from_view(
-        self, origin: _Origin, facts: ScopeFacts, policy: BreakerPolicy, wall: float, now: float
+        self, origin: Origin, facts: ScopeFacts, policy: BreakerPolicy, wall: float, now: float
     ) -> Admission | None:
         """Admission to an origin the view keeps scopes of, when it changes none of them,
         on the caller's clock (`now`; `wall`: the view's); None when the file must be written."""

@@ -27,7 +27,8 @@ from ..._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from ..._common.turns import paced
 from .. import circuit
 from ..circuit import Circuit, State
-from ..memory import Admission, MemoryStore, Ticket, _Origin, _Scopes
+from ..kept import Origin, Scopes
+from ..memory import Admission, MemoryStore, Ticket
 from . import file as sqlite_file
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ class FileView(MemoryStore):
         self._caller_clock = False
         super().__init__(max_scopes=max_scopes, fingerprint_key=fingerprint_key)
         self._view = _View()
-        self._state = _Scopes(entries=self._view)
+        self._state = Scopes(entries=self._view)
         self._kept = self._view
         self._adopt_key = fingerprint_key is None  # take the key kept in the file it opens
         self._tx = _Transaction(self)
@@ -318,25 +319,25 @@ class FileView(MemoryStore):
                 self._take(key, c, ends)
             origins = self._state.origins
             for name, forgot in news.origins:
-                origins.setdefault(name, _Origin()).forgot = forgot
+                origins.setdefault(name, Origin()).forgot = forgot
         self._seq, self._change = found.seq, found.change
 
     def _reload(self, conn: sqlite3.Connection) -> None:
         """The whole file as a new view (its first reading, or after the view went wrong)."""
         found, scopes, marks = sqlite_file.load(conn)
         entries = _View()
-        state = _Scopes(entries=entries)
+        state = Scopes(entries=entries)
         ends: dict[ScopeKey, float] = {}
         for key, c, end in paced(scopes):
             dict.__setitem__(entries, key, c)
-            kept = state.origins.setdefault(key.origin, _Origin())
+            kept = state.origins.setdefault(key.origin, Origin())
             kept.unhealthy += 1
             if key.kind is ScopeKind.ORIGIN:
                 kept.key = key
             if end:
                 ends[key] = end
         for name, forgot in marks:
-            state.origins.setdefault(name, _Origin()).forgot = forgot
+            state.origins.setdefault(name, Origin()).forgot = forgot
         self._state, self._kept, self._view, self._ends = state, entries, entries, ends
         self._seq, self._change = found.seq, found.change
 
@@ -350,7 +351,7 @@ class FileView(MemoryStore):
                 origins[key.origin].unhealthy -= 1
         else:
             if not had:
-                kept = origins.setdefault(key.origin, _Origin())
+                kept = origins.setdefault(key.origin, Origin())
                 kept.unhealthy += 1
                 if key.kind is ScopeKind.ORIGIN:
                     kept.key = key
