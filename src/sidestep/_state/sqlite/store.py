@@ -39,7 +39,8 @@ from ..memory import (
 )
 from ..statuses import status_of
 from .loop import Worker, admit_in_thread
-from .view import DEFAULT_PROBE_LEASE, UNAVAILABLE, FileView
+from .transaction import DEFAULT_PROBE_LEASE
+from .view import UNAVAILABLE, FileView
 
 if TYPE_CHECKING:
     from ..._answers.classify import Verdict
