@@ -15,7 +15,8 @@ from ._common.version import __version__
 from ._settings.config import Config, load_config
 from ._shells.adopt import install, uninstall, wrap
 from ._shells.transport import AsyncFailoverTransport, FailoverTransport, Suspension
-from ._state.memory import MemoryStore, StateStore
+from ._state.memory import MemoryStore
+from ._state.protocol import StateStore
 from ._state.sqlite.store import SqliteStore
 
 if TYPE_CHECKING:

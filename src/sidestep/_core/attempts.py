@@ -26,7 +26,8 @@ from .._answers.classify import BODY_PREFIX_LIMIT, Kind
 from .._answers.encodings import decoded_head
 from .._settings.config import Config, as_config
 from .._state.build import build_store
-from .._state.memory import Admission, MemoryStore, StateStore, Ticket
+from .._state.memory import MemoryStore
+from .._state.protocol import Admission, StateStore, Ticket
 from ..logging import emit, listening
 from ..metrics import enable_configured
 from .candidates import Candidacy

@@ -27,7 +27,7 @@ import anyio.to_thread
 from .._common.scopes import Fingerprinter
 from .._common.turns import Turns
 from .._state.circuit import State
-from .._state.memory import ScopeStatus, StateStore, store_id
+from .._state.protocol import ScopeStatus, StateStore, store_id
 from ..logging import emit, listening
 from .routes import Router
 

@@ -28,7 +28,7 @@ from urllib.parse import parse_qsl
 
 from .._common.turns import Turns
 from .._core.listing import Listed, as_json, passes
-from .._state.memory import ScopeStatus
+from .._state.protocol import ScopeStatus
 
 __all__ = [
     "MAX_PAGE",

@@ -23,7 +23,7 @@ from .._core.flavour import Flavour, is_proxy
 from .._core.listing import Listing, StoreUnavailable, Suspension
 from .._core.run import Run
 from .._settings.config import Config
-from .._state.memory import StateStore
+from .._state.protocol import StateStore
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport", "Suspension"]
 

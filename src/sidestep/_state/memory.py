@@ -1,4 +1,4 @@
-"""Where circuit state lives in one process: `MemoryStore` (and the protocol's names).
+"""Where circuit state lives in one process: `MemoryStore`.
 
 A store offers whole operations (``protocol``): here each is one step
 under one lock. The steps that decide are `Steps`' (``steps``), which a store
@@ -28,7 +28,7 @@ from .._common.turns import Turns
 from . import circuit
 from .circuit import Circuit, State
 from .kept import Origin, Scopes
-from .protocol import Admission, Refusal, ScopeStatus, StateStore, Ticket, Transition, store_id
+from .protocol import Admission, ScopeStatus, Ticket, Transition
 from .statuses import Statuses
 from .steps import Steps, transition
 
@@ -36,16 +36,7 @@ if TYPE_CHECKING:
     from .._answers.classify import Verdict
     from .._settings.policies import BreakerPolicy, Suspensions
 
-__all__ = [
-    "Admission",
-    "MemoryStore",
-    "Refusal",
-    "ScopeStatus",
-    "StateStore",
-    "Ticket",
-    "Transition",
-    "store_id",
-]
+__all__ = ["DEFAULT_MAX_SCOPES", "MemoryStore"]
 
 DEFAULT_MAX_SCOPES = 10_000
 

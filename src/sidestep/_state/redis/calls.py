@@ -21,7 +21,7 @@ from ..._answers.classify import Kind, Verdict
 from ..._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from .. import circuit
 from ..circuit import State
-from ..memory import Admission, Refusal, ScopeStatus, Ticket, Transition
+from ..protocol import Admission, Refusal, ScopeStatus, Ticket, Transition
 from ..steps import verdict_keys
 from .keys import anchor, origin_hash
 

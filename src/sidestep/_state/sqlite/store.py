@@ -29,14 +29,8 @@ import anyio.to_thread
 from ..._common.scopes import ScopeFacts, ScopeKey
 from ..failopen import FailOpen, LocalTicket
 from ..kept import Origin
-from ..memory import (
-    DEFAULT_MAX_SCOPES,
-    Admission,
-    Refusal,
-    ScopeStatus,
-    Ticket,
-    Transition,
-)
+from ..memory import DEFAULT_MAX_SCOPES
+from ..protocol import Admission, Refusal, ScopeStatus, Ticket, Transition
 from ..statuses import status_of
 from .loop import Worker, admit_in_thread
 from .transaction import DEFAULT_PROBE_LEASE

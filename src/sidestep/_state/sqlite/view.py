@@ -27,7 +27,8 @@ from ..._common.turns import paced
 from .. import circuit
 from ..circuit import Circuit, State
 from ..kept import Origin, Scopes
-from ..memory import Admission, MemoryStore, Ticket
+from ..memory import MemoryStore
+from ..protocol import Admission, Ticket
 from . import file as sqlite_file
 from .fork import register
 from .transaction import Transaction, View
