@@ -16,7 +16,8 @@ from ._core.listing_row import Suspension
 from ._settings.config import Config, load_config
 from ._shells.adopt import install, uninstall, wrap
 from ._shells.transport import AsyncFailoverTransport, FailoverTransport
-from ._state.memory import MemoryStore, StateStore
+from ._state.memory import MemoryStore
+from ._state.protocol import StateStore
 from ._state.sqlite.store import SqliteStore
 
 if TYPE_CHECKING:

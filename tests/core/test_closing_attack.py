@@ -27,7 +27,7 @@ from differential import FLAVOURS, KINDS, Face
 from drivers import route
 from sidestep._common.scopes import ScopeFacts
 from sidestep._settings.values import SidestepConfigWarning
-from sidestep._state.memory import Admission
+from sidestep._state.protocol import Admission
 from sidestep.logging import add_observer, remove_observer
 from test_closing import (
     FAILURE_EVENTS,

@@ -23,7 +23,8 @@ from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._settings.policies import BreakerPolicy, FailureRate, Suspensions
 from sidestep._settings.values import SidestepConfigWarning
 from sidestep._state.circuit import State
-from sidestep._state.memory import MemoryStore, Ticket, Transition
+from sidestep._state.memory import MemoryStore
+from sidestep._state.protocol import Ticket, Transition
 from sidestep._state.redis.store import RedisStore
 from sidestep._state.sqlite.store import SqliteStore
 from upstream import wait_for

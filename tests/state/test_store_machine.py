@@ -17,7 +17,8 @@ from sidestep._answers.classify import RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKind
 from sidestep._settings.policies import BreakerPolicy, Suspensions
 from sidestep._state.circuit import State
-from sidestep._state.memory import MemoryStore, Ticket
+from sidestep._state.memory import MemoryStore
+from sidestep._state.protocol import Ticket
 from sidestep._state.sqlite.store import SqliteStore
 
 ORIGIN = "https://api.example:443"

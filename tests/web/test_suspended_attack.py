@@ -18,7 +18,7 @@ from drivers import route
 from redis_server import fresh_prefix
 from scrape import gauge_by_target
 from sidestep._settings.values import SidestepConfigWarning
-from sidestep._state.memory import store_id
+from sidestep._state.protocol import store_id
 from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics import prometheus
 from sidestep.metrics._labels import SUSPENDED, Measures

@@ -16,7 +16,7 @@ from typing import Any
 from .._answers import classify as c11n
 from .._answers.classify import BODY_PREFIX_LIMIT, Kind
 from .._answers.encodings import decoded_head
-from .._state.memory import Ticket
+from .._state.protocol import Ticket
 from .commit import Committing
 from .effects import Close, Read, Send, Sleep
 from .rebuild import with_extensions

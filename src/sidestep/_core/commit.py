@@ -25,7 +25,7 @@ from .._answers.first_token import HELD, HOLD_LIMIT, Head, head_for
 from .._answers.validate import body_problem
 from .._common.errors import InvalidUpstreamBody
 from .._common.scopes import ScopeKind
-from .._state.memory import Ticket
+from .._state.protocol import Ticket
 from .effects import Clock, Close, Read
 from .flavour import Flavour
 from .routes import CompiledTarget

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from operator import attrgetter, itemgetter
 from typing import Any
 
-from .._state.memory import Admission, Ticket
+from .._state.protocol import Admission, Ticket
 from ..logging import listening
 from .candidates import Candidacy
 from .endings import Endings

@@ -15,7 +15,7 @@ from typing import Any
 from .._common.scopes import Fingerprinter
 from .._common.turns import Turns
 from .._state.circuit import State
-from .._state.memory import ScopeStatus
+from .._state.protocol import ScopeStatus
 from .listing_row import Suspension, fixed_keys, iso
 from .routes import Router
 

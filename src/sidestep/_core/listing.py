@@ -16,7 +16,7 @@ from collections.abc import Callable
 import anyio
 import anyio.to_thread
 
-from .._state.memory import ScopeStatus, StateStore, store_id
+from .._state.protocol import ScopeStatus, StateStore, store_id
 from ..logging import emit, listening
 from .listed import Listed
 from .listing_row import Suspension

@@ -22,7 +22,8 @@ from typing import Any
 from .._answers import classify as c11n
 from .._settings.config import Config, as_config
 from .._state.build import build_store
-from .._state.memory import Admission, MemoryStore, StateStore
+from .._state.memory import MemoryStore
+from .._state.protocol import Admission, StateStore
 from ..logging import emit, listening
 from ..metrics import enable_configured
 from .attempts import Attempting

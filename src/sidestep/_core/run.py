@@ -20,7 +20,7 @@ from .._common.scopes import Fingerprinter
 from .._settings.config import Config
 from .._settings.policies import BreakerPolicy, FailoverPolicy, Suspensions
 from .._state.circuit import State
-from .._state.memory import Admission, Refusal, StateStore
+from .._state.protocol import Admission, Refusal, StateStore
 from .effects import Clock
 from .flavour import Flavour
 from .routes import Candidates, CompiledTarget, Router

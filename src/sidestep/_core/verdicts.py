@@ -18,7 +18,7 @@ from .._answers.classify import ErrorKind, Exchange, Kind, Verdict
 from .._common.scopes import ScopeKind
 from .._settings.policies import FailoverPolicy
 from .._state.circuit import State
-from .._state.memory import Admission, Refusal, Ticket, Transition, store_id
+from .._state.protocol import Admission, Refusal, Ticket, Transition, store_id
 from ..logging import emit
 from .effects import Call
 from .flavour import raised_by_a_mock

@@ -19,7 +19,7 @@ from .._answers import classify as c11n
 from .._answers.classify import Kind
 from .._common.errors import AllCandidatesSuspended, InvalidUpstreamBody
 from .._common.outcomes import CANCELLED
-from .._state.memory import Ticket
+from .._state.protocol import Ticket
 from ..logging import emit
 from .routes import CompiledTarget
 from .run import CoreState, Outcome, Run

@@ -20,7 +20,7 @@ from typing import Any
 from .._common.turns import Turns
 from .._core.listed import Listed
 from .._core.listing_row import passes
-from .._state.memory import ScopeStatus
+from .._state.protocol import ScopeStatus
 from .admin_answer import API_HEADERS, Answer
 
 __all__ = ["Page", "listing"]

@@ -19,7 +19,7 @@ from typing import Any
 from .._common.turns import Turns
 from .._core.listed import Listed
 from .._core.listing_row import as_json
-from .._state.memory import ScopeStatus
+from .._state.protocol import ScopeStatus
 from .admin_answer import Answer
 from .admin_tokens import Token
 

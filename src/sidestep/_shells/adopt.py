@@ -23,7 +23,7 @@ import httpx
 from .._core.flavour import is_proxy, reaches_network
 from .._settings.config import Config, as_config
 from .._state.build import build_store
-from .._state.memory import StateStore
+from .._state.protocol import StateStore
 from .shell import Shell
 from .transport import AsyncFailoverTransport, FailoverTransport
 

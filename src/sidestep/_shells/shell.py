@@ -19,7 +19,7 @@ from .._core.listing import Listing, StoreUnavailable
 from .._core.listing_row import Suspension
 from .._core.loop import Core
 from .._settings.config import Config
-from .._state.memory import StateStore
+from .._state.protocol import StateStore
 
 __all__ = ["SENDING", "Shell"]
 

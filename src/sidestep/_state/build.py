@@ -11,7 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .._settings.stores import StoreSettings
-from .memory import MemoryStore, StateStore
+from .memory import MemoryStore
+from .protocol import StateStore
 from .sqlite.store import SqliteStore
 
 __all__ = ["build_store"]

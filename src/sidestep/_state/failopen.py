@@ -16,7 +16,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ..logging import emit
-from .memory import Admission, MemoryStore, Ticket
+from .memory import MemoryStore
+from .protocol import Admission, Ticket
 
 if TYPE_CHECKING:
     from .._common.scopes import ScopeFacts

@@ -1,9 +1,9 @@
-"""Where circuit state lives in one process: `MemoryStore` (and the protocol's names).
+"""Where circuit state lives in one process: `MemoryStore`.
 
-A store offers whole operations (``_store_protocol``): here each is one step
-under one lock. Those steps are written so that a store sharing state can
-run them on a view of it: `_look` and `_changes_nothing` decide, changing
-nothing, whether an admission or a verdict would change a scope at all.
+A store offers whole operations (``protocol``): here each is one step
+under one lock. The steps that decide are `Steps`' (``steps``), which a store
+sharing state runs on a view of it; here they change the scopes kept
+(``kept``) through the bookkeeping that keeps them bounded.
 
 Only unhealthy scopes are kept. While an origin has none, admission is one
 dictionary look-up: the request's model and credential are never worked out.
@@ -21,51 +21,27 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from .._answers.classify import Kind, Verdict
 from .._common.scopes import Fingerprinter, ScopeFacts, ScopeKey, ScopeKind
 from .._common.turns import Turns
 from . import circuit
-from .circuit import Circuit, Entry, State
-from .protocol import Admission, Refusal, ScopeStatus, StateStore, Ticket, Transition, store_id
+from .circuit import Circuit, State
+from .kept import Origin, Scopes
+from .protocol import Admission, ScopeStatus, Ticket, Transition
 from .statuses import Statuses
+from .steps import Steps, transition
 
 if TYPE_CHECKING:
+    from .._answers.classify import Verdict
     from .._settings.policies import BreakerPolicy, Suspensions
 
-__all__ = [
-    "Admission",
-    "MemoryStore",
-    "Refusal",
-    "ScopeStatus",
-    "StateStore",
-    "Ticket",
-    "Transition",
-    "store_id",
-    "verdict_keys",
-]
+__all__ = ["DEFAULT_MAX_SCOPES", "MemoryStore"]
 
 DEFAULT_MAX_SCOPES = 10_000
 
 
-@dataclass(slots=True)
-class _Origin:
-    unhealthy: int = 0  # entries kept for this origin
-    forgot: int = 0  # the sequence number of the last time one of them was forgotten
-    key: ScopeKey | None = None  # the origin's own scope, made once
-    # its refusal, while that circuit and the offset of the caller's clock (`_refused`) stand
-    refused: tuple[Circuit, float, Admission] | None = None
-
-
-@dataclass(slots=True)
-class _Scopes:
-    entries: dict[ScopeKey, Circuit] = field(default_factory=dict)
-    origins: dict[str, _Origin] = field(default_factory=dict)
-
-
-class MemoryStore:
+class MemoryStore(Steps):
     """Circuit state in this process: thread-safe, bounded, keeping only unhealthy scopes.
 
     Args:
@@ -89,7 +65,7 @@ class MemoryStore:
         self.fingerprint = Fingerprinter(fingerprint_key)
         self._max = max_scopes
         self._lock = threading.Lock()
-        self._state = _Scopes()
+        self._state = Scopes()
         # Every scope kept (the very dict in `_state`): while it is empty, every origin
         # is healthy. The core's fast path reads it, as `healthy` reads its origins:
         # without the lock, and before `_seq`.
@@ -130,30 +106,6 @@ class MemoryStore:
             return None
         return self._refused(kept, origin, policy, now)
 
-    def _refused(
-        self, kept: _Origin, origin: str, policy: BreakerPolicy, now: float, offset: float = 0.0
-    ) -> Admission | None:
-        """`refused` for a kept origin. `now` is on the clock the windows are kept on; the
-        refusal's end is on the caller's, `offset` behind it (a store sharing state keeps
-        windows on the wall clock)."""
-        if not policy.enforce:
-            return None
-        # The origin's own scope comes first among every request's keys: when it
-        # refuses, that is the answer, before any body parse or hash (an outage).
-        key = kept.key
-        if key is None:
-            key = kept.key = ScopeKey(ScopeKind.ORIGIN, origin)
-        c = self._state.entries.get(key)
-        if c is None or c.state is not State.OPEN or now >= c.retry_at:
-            return None
-        # The same answer for every request it turns away, while the clocks keep their
-        # offset (to a millisecond: a caller's clock drifts from the wall clock).
-        refused = kept.refused
-        if refused is None or refused[0] is not c or abs(refused[1] - offset) >= 1e-3:
-            refusal = Refusal(key, c.state, c.reason, c.retry_at - offset)
-            refused = kept.refused = (c, offset, Admission(None, refusal))
-        return refused[2]
-
     def admit(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission:
@@ -177,57 +129,6 @@ class MemoryStore:
         assert admission is not None  # allowed to change, it always decides
         return admission
 
-    def _look(
-        self,
-        facts: ScopeFacts,
-        keys: tuple[ScopeKey, ...],
-        policy: BreakerPolicy,
-        now: float,
-        *,
-        change: bool,
-    ) -> Admission | None:
-        """Admission on the scopes kept; without `change`, None when it would change one
-        (a window over, a probe slot to take): nothing is changed then."""
-        entries = self._state.entries
-        # Look first, change later: a refused request must not take probe slots.
-        refusal: Refusal | None = None
-        for key in keys:
-            c = entries.get(key)
-            if c is None:
-                continue
-            if c.state is State.OPEN and now < c.retry_at:
-                refusal = _refusal(key, c)
-                break
-            if c.state is State.HALF_OPEN and c.probes >= policy.half_open_probes:
-                refusal = Refusal(key, c.state, c.reason, now)
-                break
-        if refusal is not None and policy.enforce:
-            return Admission(None, refusal)
-        generations: dict[ScopeKey, int] = {}
-        probes: list[ScopeKey] = []
-        transitions: list[Transition] = []
-        for key in keys:
-            c = entries.get(key)
-            if c is None:
-                generations[key] = 0
-                continue
-            if refusal is None:
-                after, entry = circuit.admit(c, policy, now, self._seq + 1)
-                if after is not c:
-                    if not change:
-                        return None
-                    entries[key] = after
-                    self._changes += 1
-                    if after.generation != c.generation:
-                        self._seq += 1
-                        transitions.append(_transition(key, after, c.state, now))
-                    c = after
-                if entry is Entry.PROBE:
-                    probes.append(key)
-            generations[key] = c.generation
-        ticket = Ticket(facts, self._seq, generations, tuple(probes), shadow=refusal is not None)
-        return Admission(ticket, refusal, tuple(transitions))
-
     # -- verdicts ----------------------------------------------------------
 
     def record(
@@ -243,20 +144,6 @@ class MemoryStore:
             return ()
         with self._lock:
             return self._record(ticket, keys, verdict, policy, suspensions, now)
-
-    def _verdict_keys(self, ticket: Ticket, verdict: Verdict) -> tuple[ScopeKey, ...] | None:
-        """Marks the ticket done; the scopes its verdict concerns, None when it records nothing."""
-        if ticket.done:
-            return None
-        ticket.done = True
-        if ticket.shadow:
-            return None  # observe mode: enforcing would never have sent it
-        if verdict.kind is Kind.SUCCESS:
-            origin = self._state.origins.get(ticket.facts.origin)
-            if not ticket.probes and (origin is None or not origin.unhealthy):
-                return None  # the healthy path: nothing kept, nothing to reset
-            return ticket.facts.keys()
-        return verdict_keys(ticket.facts, verdict)
 
     def _record(
         self,
@@ -277,23 +164,6 @@ class MemoryStore:
         self._release(ticket, exclude=keys)
         return (*transitions, *dropped) if dropped else tuple(transitions)
 
-    def _changes_nothing(
-        self,
-        ticket: Ticket,
-        keys: tuple[ScopeKey, ...],
-        verdict: Verdict,
-        policy: BreakerPolicy,
-        suspensions: Suspensions,
-        now: float,
-    ) -> bool:
-        """Would recording this verdict leave every scope as it is (nothing written)?"""
-        if ticket.probes:
-            return False
-        return all(
-            self._verdict(ticket, key, verdict, policy, suspensions, now, self._seq) is None
-            for key in keys
-        )
-
     def _apply(
         self,
         ticket: Ticket,
@@ -310,60 +180,7 @@ class MemoryStore:
         if not self._put(key, before, after):
             return None  # unrouted traffic's new scope, with no room left for it
         previous = before.state if before is not None else State.CLOSED
-        return _transition(key, after, previous, now) if after.state is not previous else None
-
-    def _verdict(
-        self,
-        ticket: Ticket,
-        key: ScopeKey,
-        verdict: Verdict,
-        policy: BreakerPolicy,
-        suspensions: Suspensions,
-        now: float,
-        seq: int,
-    ) -> tuple[Circuit | None, Circuit, int] | None:
-        """What the verdict does to one scope, changing nothing: the circuit before and
-        after, and the sequence number after; None when it does nothing."""
-        before = self._state.entries.get(key)
-        if not self._current(ticket, key, before):
-            return None
-        if before is None:
-            if verdict.kind is Kind.SUCCESS:
-                return None  # healthy already
-            seq += 1
-            c = Circuit(generation=seq, born=seq)
-        else:
-            c = before
-        next_gen = seq + 1
-        if verdict.kind is Kind.SUCCESS:
-            after = circuit.on_success(c, policy, now)
-        elif verdict.kind is Kind.FAILURE:
-            after = circuit.on_failure(c, policy, now, next_gen, verdict.retry_after, verdict.slow)
-        else:
-            reason = verdict.reason or ""
-            window = suspensions.window(reason)
-            after = circuit.on_suspension(
-                c, reason, window, verdict.retry_after, policy, now, next_gen
-            )
-        if after is before:
-            return None
-        if after.generation == next_gen or (after.healthy and c.state is not State.CLOSED):
-            seq += 1
-        if not after.routed and ticket.facts.routed and not after.healthy:
-            after = replace(after, routed=True)  # a route's now: room for others never takes it
-        return before, after, seq
-
-    def _current(self, ticket: Ticket, key: ScopeKey, c: Circuit | None) -> bool:
-        """Is this ticket's verdict about the scope's present generation?"""
-        seen = ticket.generations.get(key, 0) if ticket.generations is not None else 0
-        if seen:
-            return c is not None and c.generation == seen
-        # Admitted while the scope was healthy: current as long as the scope has
-        # not been forgotten since, nor moved past the closed state it was born in.
-        origin = self._state.origins.get(key.origin)
-        if origin is not None and origin.forgot > ticket.seq:
-            return False
-        return c is None or c.generation == c.born
+        return transition(key, after, previous, now) if after.state is not previous else None
 
     # -- releasing -----------------------------------------------------------
 
@@ -398,7 +215,7 @@ class MemoryStore:
         if before is None:
             if len(entries) >= self._max and not self._evict(after.routed):
                 return False
-            kept = origins.setdefault(key.origin, _Origin())
+            kept = origins.setdefault(key.origin, Origin())
             kept.unhealthy += 1
             if key.kind is ScopeKind.ORIGIN:
                 kept.key = key  # the very key of the entry: found by identity
@@ -519,27 +336,3 @@ class MemoryStore:
 
     async def clear_async(self, scope_id: str) -> bool:
         return self.clear(scope_id)
-
-
-def verdict_keys(facts: ScopeFacts, verdict: Verdict) -> tuple[ScopeKey, ...]:
-    """The scopes a failure or suspension is recorded against; none for a neutral result."""
-    if verdict.kind is Kind.NEUTRAL or verdict.scope is None:
-        return ()
-    if verdict.also is None:
-        return (facts.key(verdict.scope),)
-    return tuple(dict.fromkeys((facts.key(verdict.scope), facts.key(verdict.also))))
-
-
-def _refusal(key: ScopeKey, c: Circuit) -> Refusal:
-    return Refusal(key, c.state, c.reason, c.retry_at)
-
-
-def _transition(key: ScopeKey, after: Circuit, previous: State, now: float) -> Transition:
-    return Transition(
-        scope=key,
-        state=after.state,
-        previous=previous,
-        reason=after.reason,
-        failures=after.failures,
-        retry_in=after.retry_in(now) if after.state is State.OPEN else 0.0,
-    )

@@ -42,7 +42,8 @@ from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, V
 from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._settings.policies import BreakerPolicy, FailureRate, Suspensions
 from sidestep._state.failopen import LocalTicket
-from sidestep._state.memory import Admission, MemoryStore, Ticket, Transition
+from sidestep._state.memory import MemoryStore
+from sidestep._state.protocol import Admission, Ticket, Transition
 from sidestep._state.redis.calls import RedisTicket
 from sidestep._state.redis.keys import anchor, origin_hash
 from sidestep._state.redis.store import RedisStore

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._answers.classify import Kind, Verdict
 from ..._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from ..circuit import State
-from ..memory import Admission, Refusal, ScopeStatus, Ticket, Transition, verdict_keys
+from ..protocol import Admission, Refusal, ScopeStatus, Ticket, Transition
+from ..steps import verdict_keys
 from .keys import anchor, origin_hash
 from .values import forgotten, ms, scope_key, transitions, verdict_args
 

@@ -27,7 +27,8 @@ from ..._answers.classify import Verdict
 from ..._common.scopes import Fingerprinter, ScopeFacts
 from ..._settings.stores import plain_redis_url
 from ..failopen import FailOpen
-from ..memory import DEFAULT_MAX_SCOPES, Admission, MemoryStore, ScopeStatus, Ticket, Transition
+from ..memory import DEFAULT_MAX_SCOPES, MemoryStore
+from ..protocol import Admission, ScopeStatus, Ticket, Transition
 from .calls import Calls, RedisTicket
 from .client import Clients, display, on_asyncio
 from .drive import Driver

@@ -13,7 +13,7 @@ from ..._answers.classify import Kind, Verdict
 from ..._common.scopes import ScopeKey, ScopeKind
 from .. import circuit
 from ..circuit import State
-from ..memory import Transition
+from ..protocol import Transition
 
 if TYPE_CHECKING:
     from ..._settings.policies import BreakerPolicy, Suspensions

@@ -31,7 +31,7 @@ import anyio.to_thread
 if TYPE_CHECKING:
     from ..._common.scopes import ScopeFacts
     from ..._settings.policies import BreakerPolicy
-    from ..memory import Admission, Ticket
+    from ..protocol import Admission, Ticket
 
 __all__ = ["LINGER", "Worker", "admit_in_thread"]
 

@@ -28,18 +28,13 @@ import anyio.to_thread
 
 from ..._common.scopes import ScopeFacts, ScopeKey
 from ..failopen import FailOpen, LocalTicket
-from ..memory import (
-    DEFAULT_MAX_SCOPES,
-    Admission,
-    Refusal,
-    ScopeStatus,
-    Ticket,
-    Transition,
-    _Origin,
-)
+from ..kept import Origin
+from ..memory import DEFAULT_MAX_SCOPES
+from ..protocol import Admission, Refusal, ScopeStatus, Ticket, Transition
 from ..statuses import status_of
 from .loop import Worker, admit_in_thread
-from .view import DEFAULT_PROBE_LEASE, UNAVAILABLE, FileView
+from .transaction import DEFAULT_PROBE_LEASE
+from .view import UNAVAILABLE, FileView
 
 if TYPE_CHECKING:
     from ..._answers.classify import Verdict
@@ -193,7 +188,7 @@ class SqliteStore(FileView):
         return _on_clock(admission, wall - now)
 
     def _from_view(
-        self, origin: _Origin, facts: ScopeFacts, policy: BreakerPolicy, wall: float, now: float
+        self, origin: Origin, facts: ScopeFacts, policy: BreakerPolicy, wall: float, now: float
     ) -> Admission | None:
         """Admission to an origin the view keeps scopes of, when it changes none of them,
         on the caller's clock (`now`; `wall`: the view's); None when the file must be written."""

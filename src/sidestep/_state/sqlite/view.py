@@ -1,42 +1,44 @@
 """`SqliteStore`'s view of its file: following the file, and the transactions that write it.
 
 The view is `MemoryStore`'s own state. It follows the file by change
-numbers (``_sqlite_file``): catching up reads only the rows changed since
-the change it reflects, and a write transaction — the lock `MemoryStore`'s
-steps run under — begins by catching up, lets the step change the view,
-and writes the rows of the scopes the step touched, stamped with the next
-change. Probe slots are the file's leases beside the view: a ticket holding
-probes carries the token naming them, and a lease past its end frees its
-slot in the next transaction.
+numbers (``file``): catching up reads only the rows changed since the
+change it reflects, and a write transaction — the lock `MemoryStore`'s
+steps run under (``transaction``) — begins by catching up, lets the step
+change the view, and writes the rows of the scopes the step touched, stamped
+with the next change. Probe slots are the file's leases beside the view: a
+ticket holding probes carries the token naming them, and a lease past its
+end frees its slot in the next transaction. Across a fork (``fork``), a
+child never uses its parent's connection.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
 import secrets
 import sqlite3
 import threading
 import time
 import weakref
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from ..._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from ..._common.turns import paced
 from .. import circuit
 from ..circuit import Circuit, State
-from ..memory import Admission, MemoryStore, Ticket, _Origin, _Scopes
+from ..kept import Origin, Scopes
+from ..memory import MemoryStore
+from ..protocol import Admission, Ticket
 from . import file as sqlite_file
+from .fork import register
+from .transaction import Transaction, View
 
 if TYPE_CHECKING:
     from ..._settings.policies import BreakerPolicy
     from ..failopen import FailOpen
 
-__all__ = ["DEFAULT_PROBE_LEASE", "UNAVAILABLE", "FileView"]
+__all__ = ["UNAVAILABLE", "FileView"]
 
-DEFAULT_PROBE_LEASE = 60.0
 # What the file is not, or cannot be now: serve from memory.
 UNAVAILABLE = (sqlite3.Error, OSError)
 
@@ -49,106 +51,6 @@ class _SqliteTicket(Ticket):
     def __init__(self, ticket: Ticket, token: str) -> None:
         super().__init__(ticket.facts, ticket.seq, ticket.generations, ticket.probes, ticket.shadow)
         self.token = token
-
-
-class _View(dict[ScopeKey, Circuit]):
-    """The scopes of the view: notes which scopes a transaction's step set or deleted,
-    and what each was before the step (None: not kept).
-
-    The step changes it only inside a transaction (`touched` is then a dict);
-    the file's rows are taken in through `dict`'s own methods, unnoted.
-    """
-
-    __slots__ = ("touched",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.touched: dict[ScopeKey, Circuit | None] | None = None
-
-    def __setitem__(self, key: ScopeKey, value: Circuit) -> None:
-        self._note(key)
-        dict.__setitem__(self, key, value)
-
-    def __delitem__(self, key: ScopeKey) -> None:
-        self._note(key)
-        dict.__delitem__(self, key)
-
-    def _note(self, key: ScopeKey) -> None:
-        touched = self.touched
-        if touched is None:
-            raise RuntimeError("the view of the file changes inside a transaction only")
-        if key not in touched:
-            touched[key] = self.get(key)
-
-
-class _Transaction:
-    """What `MemoryStore` takes for its lock: one write transaction on the file.
-
-    Entering takes the thread lock, begins an immediate transaction, brings
-    the view up to date and ends the leases past their end; leaving writes
-    the rows the step touched and commits, or rolls back.
-    """
-
-    def __init__(self, store: FileView) -> None:
-        self._store = store
-        self.mutex = threading.Lock()
-        self.lease = DEFAULT_PROBE_LEASE
-        self.leases: list[tuple[ScopeKey, str, int, float]] = []  # taken by this step
-        self.origins: set[str] = set()  # whose mark changed, or that the view let go
-        self.seq = 0  # the sequence as the step began
-        self.heartbeat = False  # write, though nothing changed: does the file take writes?
-
-    def __enter__(self) -> None:
-        self.mutex.acquire()
-        try:
-            self._store._begin(self)
-        except BaseException:
-            self.mutex.release()
-            raise
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        try:
-            if kind is None:
-                self._store._commit(self)
-            else:
-                self._store._rollback(self)
-        finally:
-            self._store._view.touched = None
-            self.mutex.release()
-
-
-_stores: weakref.WeakSet[FileView] = weakref.WeakSet()
-
-
-_held: list[FileView] = []  # the stores whose file no thread uses across a fork
-
-
-def _before_fork() -> None:
-    # Holding each store's mutex, no statement is under way as the process forks,
-    # so the child can close its copy of the connection cleanly.
-    for store in list(_stores):
-        if store._tx.mutex.acquire(timeout=store._timeout * 4):
-            _held.append(store)
-
-
-def _after_fork_in_parent() -> None:
-    while _held:
-        _held.pop()._tx.mutex.release()
-
-
-def _after_fork() -> None:
-    held = {id(store) for store in _held}
-    _held.clear()
-    for store in list(_stores):
-        store._forked(idle=id(store) in held)
-
-
-if hasattr(os, "register_at_fork"):  # POSIX only: elsewhere nothing forks
-    os.register_at_fork(
-        before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork
-    )
 
 
 class FileView(MemoryStore):
@@ -187,13 +89,13 @@ class FileView(MemoryStore):
         # wall clock, so fake-clock tests drive every store alike.
         self._caller_clock = False
         super().__init__(max_scopes=max_scopes, fingerprint_key=fingerprint_key)
-        self._view = _View()
-        self._state = _Scopes(entries=self._view)
+        self._view = View()
+        self._state = Scopes(entries=self._view)
         self._kept = self._view
         self._adopt_key = fingerprint_key is None  # take the key kept in the file it opens
-        self._tx = _Transaction(self)
+        self._tx = Transaction(self)
         self._lock = self._tx  # type: ignore[assignment]  # MemoryStore's steps run in it
-        _stores.add(self)
+        register(self)
 
     def close(self) -> None:
         """Close the file (used again, the store reopens it)."""
@@ -318,25 +220,25 @@ class FileView(MemoryStore):
                 self._take(key, c, ends)
             origins = self._state.origins
             for name, forgot in news.origins:
-                origins.setdefault(name, _Origin()).forgot = forgot
+                origins.setdefault(name, Origin()).forgot = forgot
         self._seq, self._change = found.seq, found.change
 
     def _reload(self, conn: sqlite3.Connection) -> None:
         """The whole file as a new view (its first reading, or after the view went wrong)."""
         found, scopes, marks = sqlite_file.load(conn)
-        entries = _View()
-        state = _Scopes(entries=entries)
+        entries = View()
+        state = Scopes(entries=entries)
         ends: dict[ScopeKey, float] = {}
         for key, c, end in paced(scopes):
             dict.__setitem__(entries, key, c)
-            kept = state.origins.setdefault(key.origin, _Origin())
+            kept = state.origins.setdefault(key.origin, Origin())
             kept.unhealthy += 1
             if key.kind is ScopeKind.ORIGIN:
                 kept.key = key
             if end:
                 ends[key] = end
         for name, forgot in marks:
-            state.origins.setdefault(name, _Origin()).forgot = forgot
+            state.origins.setdefault(name, Origin()).forgot = forgot
         self._state, self._kept, self._view, self._ends = state, entries, entries, ends
         self._seq, self._change = found.seq, found.change
 
@@ -350,7 +252,7 @@ class FileView(MemoryStore):
                 origins[key.origin].unhealthy -= 1
         else:
             if not had:
-                kept = origins.setdefault(key.origin, _Origin())
+                kept = origins.setdefault(key.origin, Origin())
                 kept.unhealthy += 1
                 if key.kind is ScopeKind.ORIGIN:
                     kept.key = key
@@ -360,7 +262,7 @@ class FileView(MemoryStore):
         else:
             self._ends.pop(key, None)
 
-    def _begin(self, tx: _Transaction) -> None:
+    def _begin(self, tx: Transaction) -> None:
         conn = self._connection()
         if self._change < 0:
             # No view: the whole file is read before taking the write lock, not holding it.
@@ -382,7 +284,7 @@ class FileView(MemoryStore):
             self._rollback(tx)
             raise
 
-    def _commit(self, tx: _Transaction) -> None:
+    def _commit(self, tx: Transaction) -> None:
         """Write the rows the step touched, each stamped with the next change, and commit."""
         conn = self._conn
         assert conn is not None
@@ -416,7 +318,7 @@ class FileView(MemoryStore):
             self._change = change
             self._failopen.answered()  # a write went through: the file is back, if it was away
 
-    def _rollback(self, tx: _Transaction) -> None:
+    def _rollback(self, tx: Transaction) -> None:
         if self._view.touched or tx.origins or (tx.seq >= 0 and self._seq != tx.seq):
             self._change = -1  # the view holds what the file does not: read it all again
         conn = self._conn
