@@ -5,7 +5,7 @@ flavour-neutral kind of exception that ended it) into a `Verdict`: success,
 an availability failure, a suspension with its reason, or neutral; the scope
 kind it is recorded against; and whether the request may move on to the next
 candidate (DESIGN §3.2). ``Retry-After`` is read by `retry_after`; a rate
-limit without it is timed by the provider's own signals (`_ratelimits`). No
+limit without it is timed by the provider's own signals (`ratelimits`). No
 I/O, no clock reads: the caller passes the wall time for HTTP-date
 ``Retry-After`` values and RFC 3339 reset times, and at most
 `BODY_PREFIX_LIMIT` bytes of an error body.

@@ -155,7 +155,7 @@ class Core(FastPath, Attempting, Watching):
         """Drive one request to its response (or error), yielding effects for the shell.
 
         Each candidate in order: admission, rewrite, attempts, verdict; between
-        the request's and its attempts' events (`_watch`) when someone listens.
+        the request's and its attempts' events (`watch`) when someone listens.
         The `run` from `decide` goes on from the candidate the decision stopped at.
         """
         return self._watched(run) if listening() else self._loop(run)

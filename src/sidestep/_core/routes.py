@@ -152,7 +152,7 @@ class Candidates:
     # candidate: copied for each response
     about: tuple[dict[str, Any], ...] = ()
     # The candidates on another provider account than the first (`account`), which a
-    # request naming state kept by one provider never reaches (`_provider_state`); empty
+    # request naming state kept by one provider never reaches (`provider_state`); empty
     # when no rule of the route can hold a request to this path. `pinned`: the path
     # names such state, so the body need not be looked at.
     others: frozenset[int] = frozenset()

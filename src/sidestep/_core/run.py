@@ -78,7 +78,7 @@ class Run:
     # at then; and the candidates left out for it, for the attribution.
     holds_state: bool | None = None
     excluded: tuple[CompiledTarget, ...] = ()
-    # whether the request asked for a streamed answer (`_streaming`): None until the
+    # whether the request asked for a streamed answer (`streaming`): None until the
     # core first needs to know, which is only when a first_byte_timeout is set
     streams: bool | None = None
 

@@ -1,7 +1,7 @@
 """The operator's commands `sidestep suspensions` and `sidestep clear`.
 
 They read the store the configuration names, through its routes: the same
-rows and rules as the admin API (`_listing`). A memory store lives inside the
+rows and rules as the admin API (`_core.listing`). A memory store lives inside the
 running process, so for one they talk to that process's admin app instead
 (``--admin-url``, the token from ``--token-env``). Output names routes,
 targets, scopes and keys, never a credential, a URL path or a query.

@@ -40,7 +40,7 @@ _URL_HELP = "must be an absolute http or https URL, such as https://api.example.
 def _normalise_url(value: str) -> str:
     """Lower-case scheme and host, drop a default port and trailing slashes; refuse the rest.
 
-    Userinfo is kept (the target's Basic credentials, see `_routes`) but never echoed.
+    Userinfo is kept (the target's Basic credentials, see `_core.routes`) but never echoed.
     """
     if any(ch.isspace() or not ch.isprintable() for ch in value):
         raise ValueError("a URL must not contain whitespace or control characters")
@@ -164,7 +164,7 @@ class ProviderState(Model):
     Such a request is never sent to a target on another origin, URL prefix or
     credential than its own (the route's first candidate for it): it is
     retried there as the policy allows, else its own answer is returned.
-    `builtin` turns on the OpenAI and Anthropic rules (`_provider_state`);
+    `builtin` turns on the OpenAI and Anthropic rules (`_core.provider_state`);
     `paths` (relative to the route's URL, on segment boundaries, ``*`` one
     segment) and `fields` (top-level JSON body fields) add the route's own.
     In a file, ``auto`` is the default and ``none`` turns every rule off.

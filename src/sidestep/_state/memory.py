@@ -12,7 +12,7 @@ scopes first, and never a route's for unrouted traffic (`_evict`).
 
 Operators' reads stay off the lock but for a copy: a snapshot hands out again
 the status of every scope whose circuit has not changed since the last one
-(``_statuses``), the store counts its changes (`changes`), so that a listing
+(``statuses``), the store counts its changes (`changes`), so that a listing
 of an unchanged store need not be taken again, and a clear finds its scope by
 the ids the keys keep before it takes the lock.
 """

@@ -3,7 +3,7 @@
 A store offers whole operations — admit a request's scopes, record a verdict
 for a ticket, release a ticket, snapshot, clear — never get/set, so that each
 can be one atomic step: one lock in memory, one transaction on a file, one
-script on a shared server. `MemoryStore` (``_store``) is the reference; the
+script on a shared server. `MemoryStore` (``memory``) is the reference; the
 shared stores run its steps or repeat them atomically.
 """
 

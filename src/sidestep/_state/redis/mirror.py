@@ -1,7 +1,7 @@
 """A process's mirror of which origins have unhealthy scopes in Redis, kept by pub/sub.
 
 Every change to an origin's set of scopes is published by the script (see
-`_redis_scripts`): ``<origin hash> <1|0> <sequence>``, the sequence being
+`scripts`): ``<origin hash> <1|0> <sequence>``, the sequence being
 that origin's own (news of one origin is ordered by it). A listener thread
 subscribes, then reads the origins that have unhealthy scopes (a snapshot),
 then applies each message newer than what it knows. While the mirror is

@@ -13,7 +13,7 @@ deletes, with the next change number, so a reader learns what changed
 since the change it last saw from those rows alone (`changes`), however
 many scopes the file keeps. Tombstones older than `KEEP_TOMBSTONES` changes
 are pruned; a reader further behind reads the whole file again. Many rows
-are turned into values `paced` (`_turns`): the thread doing it lets other
+are turned into values `paced` (`_common.turns`): the thread doing it lets other
 threads of the process in every millisecond or so, an event loop's above all.
 """
 

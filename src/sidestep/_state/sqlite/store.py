@@ -1,20 +1,20 @@
 """Circuit state shared by every process on one host through one file: `SqliteStore`.
 
-The store is a `MemoryStore` run on a view of the file (``_sqlite_view``).
+The store is a `MemoryStore` run on a view of the file (``view``).
 An operation that changes nothing — a request to a healthy origin, one
 refused by an open scope, a verdict that leaves every scope as it is — is
 decided from the view, with no statement. One that changes a scope runs
-`MemoryStore`'s own step (and `_circuit`'s state machine) inside one write
+`MemoryStore`'s own step (and `circuit`'s state machine) inside one write
 transaction, which writes the rows of the scopes it touched. At most every
 ``refresh`` seconds the store asks whether another process wrote, and reads
 what it wrote; under an event loop a worker thread does, every ``refresh``
-while admissions use the view (``_sqlite_loop``), never the loop.
+while admissions use the view (``loop``), never the loop.
 
 Probe slots are leases with an end in wall-clock time, so a process that
 dies holding a probe frees it when its lease ends; windows follow the wall
 clock too, so a suspension survives a restart of every process (windows
 long past are dropped when a store opens the file). A file that fails
-serves from memory until a write to it succeeds again (``_failopen``).
+serves from memory until a write to it succeeds again (``failopen``).
 """
 
 from __future__ import annotations
