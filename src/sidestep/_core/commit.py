@@ -260,7 +260,7 @@ class Committing(Verdicts):
 
     @staticmethod
     def _invalid(response: Any, request: Any, body: list[bytes], limit: int) -> str | None:
-        """What is wrong with a whole buffered 2xx body (see `_answers.validate`); None if nothing."""
+        """What is wrong with a whole buffered 2xx body (`_answers.validate`); None if nothing."""
         status = response.status_code
         if not 200 <= status < 300 or status in (204, 205, 206) or request.method == "HEAD":
             return None  # no body to judge, or only a part of one
