@@ -31,7 +31,8 @@ import httpx
 
 import sidestep
 from sidestep import logging as events
-from sidestep._demo import LocalUpstream, Mode, Tally, _through, drive
+from sidestep._ops.demo_load import Tally, drive, through
+from sidestep._ops.demo_upstream import LocalUpstream, Mode
 
 Row = dict[str, Any]
 THRESHOLD = 3  # consecutive failures that open a circuit, for every breaker alike
@@ -463,7 +464,7 @@ def caller(name: str, plan: Plan) -> Caller:
 
 def _watched(client: httpx.AsyncClient, url: str) -> Caller:
     """sidestep's caller, with the primary's circuit transitions noted as they happen."""
-    built = Caller(call=_through(client, url), close=client.aclose)
+    built = Caller(call=through(client, url), close=client.aclose)
     loop = asyncio.get_running_loop()
 
     def watch(event: str, fields: Mapping[str, Any], /) -> None:
@@ -630,6 +631,6 @@ def ms(seconds: float) -> float:
 
 def quiet_logs() -> Any:
     """structlog events dropped while a benchmark runs (sidestep would log every skip)."""
-    from sidestep._demo import quiet_logs as quiet
+    from sidestep._ops.demo_view import quiet_logs as quiet
 
     return quiet()

@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 
 import sidestep
-from sidestep._classify import Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._answers.classify import Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
 
 ORIGIN = "https://api.example:443"
 OK = Verdict(Kind.SUCCESS, None, None, failover=False)

@@ -107,9 +107,9 @@ class _Filler:
     """Suspends scopes in a store as real verdicts would: each for an hour."""
 
     def __init__(self, store: Any) -> None:
-        from sidestep._classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
-        from sidestep._config import BreakerPolicy, Suspensions
-        from sidestep._scopes import ScopeKind
+        from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
+        from sidestep._common.scopes import ScopeKind
+        from sidestep._settings.policies import BreakerPolicy, Suspensions
 
         self.store = store
         self.policy = BreakerPolicy(cooldown=3600, max_cooldown=3600)
@@ -124,7 +124,7 @@ class _Filler:
     def suspend(self, origin: str, key: str, verdict: Any) -> None:
         import time as clock
 
-        from sidestep._scopes import ScopeFacts
+        from sidestep._common.scopes import ScopeFacts
 
         facts = ScopeFacts(
             origin,

@@ -35,9 +35,9 @@ import httpx
 import _bench as b
 import sidestep
 from _bench import Row
-from sidestep._commit import _Watch
-from sidestep._flavour import Flavour
-from sidestep._sse import head_for
+from sidestep._answers.first_token import head_for
+from sidestep._core.commit import _Watch
+from sidestep._core.flavour import Flavour
 
 SCENARIO = "first_token"
 SSE = {"content-type": "text/event-stream"}

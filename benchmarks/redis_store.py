@@ -37,8 +37,8 @@ from _stores import (  # noqa: E402  # noqa: E402
     sync_rps,
 )
 from redis_server import RedisServer, fresh_prefix  # noqa: E402
-from sidestep._redis import RedisStore  # noqa: E402
-from sidestep._store import MemoryStore  # noqa: E402
+from sidestep._state.memory import MemoryStore  # noqa: E402
+from sidestep._state.redis.store import RedisStore  # noqa: E402
 from upstream import Upstream  # noqa: E402
 
 SCENARIO = "redis_store"

@@ -18,9 +18,9 @@ from collections.abc import Callable
 import _bench as b
 from _bench import Row
 from sidestep import MemoryStore
-from sidestep._classify import INVALID_CREDENTIAL, Kind, Verdict
-from sidestep._config import BreakerPolicy, Suspensions
-from sidestep._scopes import ScopeFacts, ScopeKind
+from sidestep._answers.classify import INVALID_CREDENTIAL, Kind, Verdict
+from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._settings.policies import BreakerPolicy, Suspensions
 
 SCENARIO = "scale"
 ORIGIN = "https://api.example:443"

@@ -61,11 +61,12 @@ from _stores import (  # noqa: E402
     sicken,
     sync_rps,
 )
-from sidestep._classify import Kind, Verdict  # noqa: E402
-from sidestep._config import BreakerPolicy, SidestepConfigWarning  # noqa: E402
-from sidestep._scopes import ScopeKind  # noqa: E402
-from sidestep._sqlite import SqliteStore  # noqa: E402
-from sidestep._store import DEFAULT_MAX_SCOPES, MemoryStore  # noqa: E402
+from sidestep._answers.classify import Kind, Verdict  # noqa: E402
+from sidestep._common.scopes import ScopeKind  # noqa: E402
+from sidestep._settings.policies import BreakerPolicy  # noqa: E402
+from sidestep._settings.values import SidestepConfigWarning  # noqa: E402
+from sidestep._state.memory import DEFAULT_MAX_SCOPES, MemoryStore  # noqa: E402
+from sidestep._state.sqlite.store import SqliteStore  # noqa: E402
 from upstream import Upstream  # noqa: E402
 
 SCENARIO = "sqlite_store"

@@ -13,7 +13,7 @@ import sidestep
 from drivers import KINDS, Driver, MakeDriver
 from redis_cluster import RedisCluster
 from redis_server import RedisMissing, RedisServer
-from sidestep._config import SidestepConfigWarning
+from sidestep._settings.values import SidestepConfigWarning
 from upstream import STORE_WAIT, Upstream
 
 

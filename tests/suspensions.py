@@ -9,7 +9,7 @@ import httpx
 import httpx2
 import openai
 
-from sidestep._errors import AllCandidatesSuspended, CandidateStatus
+from sidestep._common.errors import AllCandidatesSuspended, CandidateStatus
 
 MESSAGE = "Every upstream candidate for this request is temporarily suspended."
 

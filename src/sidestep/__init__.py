@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from ._adopt import install, uninstall, wrap
-from ._config import Config, load_config
-from ._errors import (
+from ._common.errors import (
     AllCandidatesSuspended,
     CandidateStatus,
     ConfigError,
     InvalidUpstreamBody,
     SidestepError,
 )
-from ._sqlite import SqliteStore
-from ._store import MemoryStore, StateStore
-from ._transport import AsyncFailoverTransport, FailoverTransport, Suspension
+from ._common.version import __version__
+from ._core.listing_row import Suspension
+from ._settings.config import Config, load_config
+from ._shells.adopt import install, uninstall, wrap
+from ._shells.transport import AsyncFailoverTransport, FailoverTransport
+from ._state.memory import MemoryStore
+from ._state.protocol import StateStore
+from ._state.sqlite.store import SqliteStore
 
 if TYPE_CHECKING:
-    from ._redis import RedisStore as RedisStore
-
-try:
-    __version__ = version("sidestep")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
+    from ._state.redis.store import RedisStore as RedisStore
 
 __all__ = [
     "AllCandidatesSuspended",
@@ -52,7 +49,7 @@ def __getattr__(name: str) -> Any:
     # for, and left out of __all__: `from sidestep import *` must work without it.
     if name == "RedisStore":
         try:
-            from ._redis import RedisStore
+            from ._state.redis.store import RedisStore
         except ModuleNotFoundError as exc:
             if exc.name != "redis" and not (exc.name or "").startswith("redis."):
                 raise

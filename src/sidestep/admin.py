@@ -34,11 +34,14 @@ from typing import Any
 
 import anyio.to_thread
 
-from ._admin import Answer, ListRows, Origins, Token, advance, handle, tokens_of
-from ._config import Config, as_config
-from ._listing import Listing, StoreUnavailable
-from ._routes import Router
-from ._transport import _Shell
+from ._core.listing import Listing, StoreUnavailable
+from ._core.routes import Router
+from ._ops.admin import ListRows, advance, handle
+from ._ops.admin_answer import Answer
+from ._ops.admin_origins import Origins
+from ._ops.admin_tokens import Token, tokens_of
+from ._settings.config import Config, as_config
+from ._shells.shell import Shell
 
 __all__ = ["Token", "app", "wsgi_app"]
 
@@ -49,7 +52,7 @@ def _listing_of(source: Any, config: Config | None) -> Listing:
     A store alone knows no route or target names: give the `config` whose routes
     name its scopes (without one, each row's target is its origin).
     """
-    if isinstance(source, _Shell):
+    if isinstance(source, Shell):
         core = source._core
         return Listing(core.store, core.router, core.clock)
     if hasattr(source, "snapshot") and hasattr(source, "clear_async"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ._suspended import find_suspended, unavailable_body, unavailable_headers
+from ._core.suspended import find_suspended, unavailable_body, unavailable_headers
 
 __all__ = ["SuspensionMiddleware"]
 

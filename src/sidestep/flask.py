@@ -16,7 +16,7 @@ except ImportError as exc:
         "sidestep.flask needs Flask, which is not installed: pip install 'sidestep[flask]'"
     ) from exc
 
-from ._suspended import find_suspended, unavailable_body, unavailable_headers
+from ._core.suspended import find_suspended, unavailable_body, unavailable_headers
 
 if TYPE_CHECKING:
     from flask.typing import ResponseReturnValue

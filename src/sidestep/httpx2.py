@@ -8,38 +8,6 @@ without it, importing this module raises an `ImportError` that says so.
 
 from __future__ import annotations
 
-try:
-    import httpx2 as _httpx2
-except ModuleNotFoundError as exc:
-    if exc.name != "httpx2":
-        raise
-    raise ImportError(
-        "sidestep.httpx2 needs httpx2: pip install 'sidestep[httpx2]'", name="httpx2"
-    ) from None
-
-from ._flavour import Flavour
-from ._transport import _AsyncShell, _SyncShell
+from ._shells.httpx2 import AsyncFailoverTransport, FailoverTransport
 
 __all__ = ["AsyncFailoverTransport", "FailoverTransport"]
-
-_HTTPX2 = Flavour(_httpx2)
-
-
-class AsyncFailoverTransport(_AsyncShell, _httpx2.AsyncBaseTransport):
-    """An `httpx2.AsyncBaseTransport` that skips suspended upstreams and fails over.
-
-    Arguments as `sidestep.AsyncFailoverTransport`; the inner transport
-    defaults to `httpx2.AsyncHTTPTransport()`.
-    """
-
-    _flavour = _HTTPX2
-
-
-class FailoverTransport(_SyncShell, _httpx2.BaseTransport):
-    """An `httpx2.BaseTransport` that skips suspended upstreams and fails over.
-
-    Arguments as `sidestep.FailoverTransport`; the inner transport defaults to
-    `httpx2.HTTPTransport()`.
-    """
-
-    _flavour = _HTTPX2

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from ._scopes import is_credential
+from ._common.scopes import is_credential
 
 __all__ = [
     "REDACTED",

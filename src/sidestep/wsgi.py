@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from ._suspended import find_suspended, unavailable_body, unavailable_headers
+from ._core.suspended import find_suspended, unavailable_body, unavailable_headers
 
 if TYPE_CHECKING:
     from _typeshed import OptExcInfo

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .._observability import Observability
+    from .._settings.observability import Observability
 
 __all__ = ["enable_configured"]
 

@@ -18,10 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .. import _classify as c11n
-from .._circuit import State
-from .._scopes import ScopeKind
-from .._watch import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
+from .._answers import classify as c11n
+from .._common.outcomes import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
+from .._common.scopes import ScopeKind
+from .._state.circuit import State
 
 __all__ = ["INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from opentelemetry import metrics, trace
 
+from .._common.version import __version__
 from ..logging import Observer, add_observer, remove_observer
 from ._labels import INSTRUMENTS, Instrument, Measures
 from ._traces import Spans
@@ -64,8 +65,6 @@ def _instrument(meter: metrics.Meter, instrument: Instrument) -> Any:
 
 
 def _version() -> str:
-    from .. import __version__
-
     return __version__
 
 

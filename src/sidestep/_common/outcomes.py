@@ -1,0 +1,24 @@
+"""The words `request.finished` and `attempt.finished` end with: what the core says and
+what metrics and traces count by."""
+
+from __future__ import annotations
+
+__all__ = ["ATTEMPT_RESULTS", "CANCELLED", "REQUEST_OUTCOMES"]
+
+#: What `attempt.finished` says of an attempt (`result`); "cancelled" when it never ended.
+ATTEMPT_RESULTS = (
+    "success",
+    "unavailable",
+    "timeout",
+    "rate_limited",
+    "quota_exhausted",
+    "invalid_credential",
+    "context_overflow",
+    "neutral",
+    "invalid_body",
+)
+#: How `request.finished` says a request ended (`outcome`); "cancelled" when it never did.
+REQUEST_OUTCOMES = ("served", "served_after_failover", "upstream_error", "all_suspended", "error")
+#: Both events' word for an attempt or a request its caller gave up on (a cancellation,
+#: a timeout around the call, a generator closed): counted, never against a scope.
+CANCELLED = "cancelled"

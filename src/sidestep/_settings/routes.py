@@ -1,0 +1,266 @@
+"""Routes and their targets: names, URLs and headers checked without ever quoting a
+value, path patterns, the provider state a route keeps to one target.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from .._common.scopes import is_credential
+from .policies import FailoverOverrides, FailoverPolicy
+from .values import ByteSize, Model, refuse_duplicates, warn
+
+__all__ = ["ProviderState", "Route", "Target"]
+
+
+# --- names, URLs, headers ------------------------------------------------------------------
+
+
+def _check_name(value: str) -> str:
+    if not value or value != value.strip():
+        raise ValueError("a name must be non-empty, without leading or trailing whitespace")
+    return value
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_URL_HELP = "must be an absolute http or https URL, such as https://api.example.com/v1"
+
+
+def _normalise_url(value: str) -> str:
+    """Lower-case scheme and host, drop a default port and trailing slashes; refuse the rest.
+
+    Userinfo is kept (the target's Basic credentials, see `_core.routes`) but never echoed.
+    """
+    if any(ch.isspace() or not ch.isprintable() for ch in value):
+        raise ValueError("a URL must not contain whitespace or control characters")
+    if "?" in value or "#" in value:
+        raise ValueError("a URL here must not have a query or a fragment")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        # urllib's own messages quote the offending part of the URL
+        raise ValueError("the URL has a malformed host or port") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError(_URL_HELP)
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    userinfo = parts.netloc.rpartition("@")[0]
+    netloc = f"{userinfo}@{host}" if userinfo else host
+    if port is not None and port != _DEFAULT_PORTS[scheme]:
+        netloc = f"{netloc}:{port}"
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
+def _origin(url: str) -> str:
+    """The scheme, host and port of a normalised URL: what reprs may show of it."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_FRAMING = "framing headers are set from the body"
+_HOP_BY_HOP = "hop-by-hop headers belong to one connection, and the HTTP client sets them"
+_PROXY_CREDENTIAL = (
+    "a proxy's credentials go in the proxy's URL; set on a target they would reach the"
+    " upstream itself (through a proxy's tunnel, or with no proxy at all)"
+)
+# Headers a target may not set (lowercase name -> why): each request's own is made
+# anew, so a configured one would be dropped or sent beside it, breaking the framing.
+# (A target's own Host is allowed: it replaces the one made from its URL.)
+_REFUSED_HEADERS = {
+    "content-length": _FRAMING,
+    "transfer-encoding": _FRAMING,
+    "connection": _HOP_BY_HOP,
+    "keep-alive": _HOP_BY_HOP,
+    "proxy-connection": _HOP_BY_HOP,
+    "te": _HOP_BY_HOP,
+    "trailer": _HOP_BY_HOP,
+    "upgrade": _HOP_BY_HOP,
+    "proxy-authorization": _PROXY_CREDENTIAL,
+}
+
+
+def _check_headers(value: object) -> object:
+    """Lower-case header names and check names and values without ever quoting a value.
+
+    Done before pydantic's own dict validation, whose error locations would
+    quote a malformed name, which may be a pasted ``Authorization: Bearer ...`` line.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError("headers must be a mapping of header names to strings")
+    headers: dict[str, str] = {}
+    for position, (name, text) in enumerate(value.items(), start=1):
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+            raise ValueError(f"header #{position}: the name is not a valid HTTP header name")
+        if (why := _REFUSED_HEADERS.get(name.lower())) is not None:
+            raise ValueError(f"header {name!r} cannot be set by a target: {why}")
+        if not isinstance(text, str):
+            raise ValueError(f"header {name!r}: the value must be a string")
+        if any(ch in text for ch in "\r\n\0"):
+            raise ValueError(f"header {name!r}: the value contains a line break or NUL")
+        if not text.isascii():
+            # httpx encodes a header given as text as ASCII: every request would raise
+            raise ValueError(f"header {name!r}: the value is not ASCII")
+        if name.lower() in headers:
+            raise ValueError(f"header {name!r} is given twice (names are case-insensitive)")
+        headers[name.lower()] = text
+    return headers
+
+
+_Name = Annotated[str, AfterValidator(_check_name)]
+_HttpUrl = Annotated[str, AfterValidator(_normalise_url)]
+
+
+_PATH_SEGMENT = re.compile(r"\*|(?:[A-Za-z0-9\-._~!$&'()+,;=:@]|%[0-9A-Fa-f]{2})+")
+_PATH_HELP = (
+    "a path pattern is relative to the route's URL and starts with '/', such as '/jobs'"
+    " or '/jobs/*/logs' ('*' stands for one whole segment)"
+)
+
+
+def _check_path_pattern(value: str) -> str:
+    if not value.startswith("/") or value.strip("/") == "":
+        raise ValueError(_PATH_HELP)
+    for segment in value.strip("/").split("/"):
+        if not segment:
+            raise ValueError("a path pattern must not have an empty segment ('//')")
+        if segment in (".", ".."):
+            raise ValueError("a path pattern must not have a '.' or '..' segment")
+        if not _PATH_SEGMENT.fullmatch(segment):
+            raise ValueError(
+                "a path pattern's segment is '*' or characters a path may hold"
+                " (percent-encoded; no whitespace, '?', '#' or '*' inside a segment)"
+            )
+    return value.rstrip("/")
+
+
+def _check_field_name(value: str) -> str:
+    if not value or any(ch.isspace() or ch in '"\\' or not ch.isprintable() for ch in value):
+        raise ValueError(
+            "a field name must be non-empty, without whitespace, quotes or backslashes"
+        )
+    return value
+
+
+_PathPattern = Annotated[str, AfterValidator(_check_path_pattern)]
+_FieldName = Annotated[str, AfterValidator(_check_field_name)]
+
+
+class ProviderState(Model):
+    """Which requests of a route name state kept by one provider (DESIGN §12).
+
+    Such a request is never sent to a target on another origin, URL prefix or
+    credential than its own (the route's first candidate for it): it is
+    retried there as the policy allows, else its own answer is returned.
+    `builtin` turns on the OpenAI and Anthropic rules (`_core.provider_state`);
+    `paths` (relative to the route's URL, on segment boundaries, ``*`` one
+    segment) and `fields` (top-level JSON body fields) add the route's own.
+    In a file, ``auto`` is the default and ``none`` turns every rule off.
+    """
+
+    builtin: bool = True
+    paths: tuple[_PathPattern, ...] = ()
+    fields: tuple[_FieldName, ...] = ()
+
+
+def _provider_state_shorthand(value: object) -> object:
+    if value == "auto":
+        return {}
+    if value == "none":
+        return {"builtin": False}
+    if isinstance(value, str):
+        raise ValueError("must be 'auto', 'none' or a mapping of builtin, paths and fields")
+    return value
+
+
+class Target(Model):
+    """One upstream of a route: where to send, and what to add to the request.
+
+    `url` is stored normalised (lower-case scheme and host, no default port, no
+    trailing slash). `headers` values are secrets: reprs show header names only,
+    and the URL only as its origin.
+    """
+
+    name: _Name
+    url: _HttpUrl
+    headers: Annotated[dict[str, str], BeforeValidator(_check_headers)] = Field(
+        default_factory=dict, repr=False
+    )
+    json_fields: dict[str, Any] = Field(default_factory=dict, alias="json")
+    inherit_credentials: bool = False
+
+    @model_validator(mode="after")
+    def _one_source_of_basic_credentials(self) -> Target:
+        # Userinfo in the URL is this target's Basic credentials (sent as its own
+        # Authorization header); with an authorization header too, one would be lost.
+        if "@" in urlsplit(self.url).netloc and "authorization" in self.headers:
+            raise ValueError(
+                "the URL's userinfo and the authorization header both give this target's"
+                " credentials: keep one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _inherits_nothing_with_a_credential(self) -> Target:
+        # A target with a credential of its own gets none of the caller's (its credential
+        # replaces the caller's, all of it): inherit_credentials then changes nothing.
+        own = "@" in urlsplit(self.url).netloc or any(map(is_credential, self.headers))
+        if self.inherit_credentials and own:
+            warn(
+                f"target {self.name!r} sets a credential of its own: it gets none of the"
+                " caller's, and inherit_credentials changes nothing"
+            )
+        return self
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        yield "name", self.name
+        yield "origin", _origin(self.url)
+        yield "header_names", list(self.headers)
+        yield "json_keys", list(self.json_fields)
+        yield "inherit_credentials", self.inherit_credentials
+
+
+class Route(Model):
+    """Targets tried in order for requests that match any of them or a `match` prefix."""
+
+    name: _Name
+    match: list[_HttpUrl] = Field(default_factory=list)
+    commit: Literal["first_token", "first_byte", "complete"] = "first_token"
+    max_buffered_bytes: Annotated[ByteSize, Field(gt=0)] = 16 * 2**20
+    avoid_rate_limits: bool = False  # a success that spent the last request suspends its scope
+    # `validate` in the file: the name would shadow a pydantic method here
+    validate_body: Literal["auto", "none"] = Field("auto", alias="validate")
+    failover: FailoverOverrides = Field(default_factory=FailoverOverrides)
+    # requests naming state kept by one provider stay with their own target
+    provider_state: Annotated[ProviderState, BeforeValidator(_provider_state_shorthand)] = Field(
+        default_factory=ProviderState
+    )
+    targets: list[Target]
+
+    @field_validator("targets")
+    @classmethod
+    def _check_targets(cls, targets: list[Target]) -> list[Target]:
+        if not targets:
+            raise ValueError("a route needs at least one target")
+        refuse_duplicates("target", [t.name for t in targets])
+        return targets
+
+    def policy(self, base: FailoverPolicy) -> FailoverPolicy:
+        """The failover policy of this route: `base` with this route's overrides."""
+        return self.failover.apply(base)
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for key, value in super().__repr_args__():
+            yield key, ([_origin(url) for url in self.match] if key == "match" else value)

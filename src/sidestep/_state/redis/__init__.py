@@ -1,0 +1,1 @@
+"""RedisStore: circuit state shared across hosts through Redis (or Redis Cluster)."""

@@ -1,0 +1,1 @@
+"""SqliteStore: circuit state shared by the processes of one host through one file."""
