@@ -26,6 +26,7 @@ import httpx
 import pytest
 
 from drivers import FakeClock, MakeDriver, elapsed, route
+from sidestep._core.attempts import LEASE_MARGIN
 from sidestep._core.flavour import Flavour
 from sidestep._core.loop import Core
 from sidestep._settings.config import Config
@@ -227,13 +228,13 @@ def test_total_timeout_ends_a_trickle_being_buffered(
 
 @pytest.mark.parametrize(
     ("asks", "lease"),
-    [({}, 3.0 + 100.0), ({"headers": EVENT_STREAM}, 3.0 + LIMIT)],
+    [({}, 3.0 + 100.0 + LEASE_MARGIN), ({"headers": EVENT_STREAM}, 3.0 + LIMIT + LEASE_MARGIN)],
     ids=["json", "stream"],
 )
 def test_a_probes_lease_covers_the_wait_its_request_may_take(
     asks: dict[str, Any], lease: float
 ) -> None:
-    """A probe's lease counts the first-byte limit for a request that asks to stream, and the read timeout for one that does not: it never ends before a slow answer may still come."""
+    """A probe's lease counts the first-byte limit for a request that asks to stream, and the read timeout for one that does not, and a margin past them (an attempt runs a little past its limits, and its verdict must still reach the store): it never ends before a slow answer may still come."""
     config = Config.model_validate({"failover": {"first_byte_timeout": LIMIT}})
     core = Core(config, store=None, clock=FakeClock(), flavour=Flavour(httpx), exact_deadlines=True)
     timeout = httpx.Timeout(1.0, read=100.0)

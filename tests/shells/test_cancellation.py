@@ -552,3 +552,69 @@ async def test_a_request_cancelled_while_its_probe_is_admitted_keeps_no_slot(
     if kind != "memory":
         assert gate.store.fallbacks == 0
         gate.store.close()
+
+
+class HeldRecords(MemoryStore):
+    """A memory store that says it does I/O (so the shell awaits its calls, as it does a
+    shared store's), whose async records wait until the test lets them go."""
+
+    blocking = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.holding = False
+        self.held = threading.Event()
+        self.go = threading.Event()
+
+    async def record_async(self, *args: Any) -> Any:
+        if self.holding:
+            self.held.set()
+            while not self.go.is_set():  # noqa: ASYNC110  # another thread's event
+                await asyncio.sleep(0.005)
+        return await super().record_async(*args)
+
+
+@pytest.mark.parametrize("cancel", ["task_cancel_thrice", "asyncio_timeout"])
+def test_a_probes_verdict_lands_however_often_asyncio_cancels_its_request(
+    cancel: str, a: Upstream, b: Upstream
+) -> None:
+    """A half-open probe answered 200 whose verdict is being recorded when asyncio's own
+    cancellation lands (three `Task.cancel()`s, or an `asyncio.timeout` expiring): the
+    verdict still lands (the scope closes), and the request ends cancelled (or timed out)."""
+    if cancel == "asyncio_timeout" and not hasattr(asyncio, "timeout"):
+        pytest.skip("asyncio.timeout is built in from 3.11")
+    a.behaviour = lambda _: Respond(503, b"down")
+    clock = FakeClock()
+    store = HeldRecords()
+    transport = sidestep.AsyncFailoverTransport(config(a, b), store=store, clock=clock)
+
+    async def main() -> None:
+        async with httpx.AsyncClient(transport=transport) as client:
+            for _ in range(2):
+                assert (await client.get(a.url + "/v1/x")).text == "b"
+            assert [s.state for s in transport.suspensions()] == ["open"]
+            clock.advance(11)
+            a.behaviour = lambda _: Respond(body="a")
+            store.holding = True
+
+            async def probe() -> None:
+                if cancel == "asyncio_timeout":
+                    async with asyncio.timeout(0.05):  # type: ignore[attr-defined]
+                        await client.get(a.url + "/v1/x")
+                else:
+                    await client.get(a.url + "/v1/x")
+
+            task = asyncio.ensure_future(probe())
+            await anyio.to_thread.run_sync(wait_for, store.held.is_set)
+            if cancel == "task_cancel_thrice":
+                for _ in range(3):
+                    task.cancel()
+                    await asyncio.sleep(0.01)
+            else:
+                await asyncio.sleep(0.2)  # the timeout fired while the verdict waited
+            store.go.set()
+            with pytest.raises((asyncio.CancelledError, TimeoutError)):
+                await task
+        assert transport.suspensions() == []  # the probe's success closed the scope
+
+    asyncio.run(main())

@@ -24,13 +24,17 @@ from .routes import CompiledTarget
 from .run import SUCCESS, Outcome, Run
 from .streaming import asks_to_stream, is_event_stream
 
-__all__ = ["Attempting"]
+__all__ = ["LEASE_MARGIN", "Attempting"]
 
 _TIMEOUT_KEYS = ("connect", "read", "write", "pool")
 # Seconds past its deadline a sync attempt's headers may still come (the async shells give
 # the transport's own typed timeouts as long to fire first).
 _LATE = 0.1
 _LATE_HEADERS = "sidestep: the answer's headers came after the attempt's deadline"
+# Seconds a probe's lease outlasts the limits it is worked out from: an attempt may run a
+# little past them (`_LATE`, the async shells' grace for the transport's own timeouts),
+# and its verdict still has to reach the store, which then frees the slot itself.
+LEASE_MARGIN = 1.0
 # The least read timeout set for a body: a socket's timeout of 0 does not wait at all, and
 # fails as a read error rather than a timeout.
 _LEAST_READ = 0.001
@@ -195,7 +199,8 @@ class Attempting(Committing):
         return run.deadline is not None and self.clock() >= run.deadline
 
     def _lease(self, run: Run, request: Any) -> float | None:
-        """How long a probe on a shared store may hold its slot: its time to first byte.
+        """How long a probe on a shared store may hold its slot: its time to first byte,
+        and `LEASE_MARGIN`.
 
         A probe's verdict is recorded at the commit point, so the lease covers
         the attempts on one target up to their first byte, with their waits;
@@ -205,7 +210,7 @@ class Attempting(Committing):
         is its lease.
         """
         if run.deadline is not None:
-            return max(0.0, run.deadline - self.clock())
+            return max(0.0, run.deadline - self.clock()) + LEASE_MARGIN
         timeouts = request.extensions.get("timeout") or {}
         policy = run.policy
         limit = policy.response_timeout
@@ -219,7 +224,7 @@ class Attempting(Committing):
                 return None
             per_attempt += phase
         attempts = run.policy.max_attempts_per_target
-        return per_attempt * attempts + run.policy.max_retry_wait * (attempts - 1)
+        return per_attempt * attempts + run.policy.max_retry_wait * (attempts - 1) + LEASE_MARGIN
 
     def _wait_limit(self, run: Run) -> float | None:
         """How long an attempt of `run` may wait for its first body byte: first_byte_timeout

@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 from anyio.lowlevel import EventLoopToken, current_token
 
+from .._common.shield import shielded
 from .._core.effects import Call, Close, Read, Scan, Send, Sleep
 from .._core.listing import StoreUnavailable
 from .._core.listing_row import Suspension
@@ -128,8 +129,7 @@ class AsyncShell(Shell):
             return await self._read(effect)
         if kind is Close:
             # Closing may run while a cancellation unwinds; it must still happen.
-            with anyio.CancelScope(shield=True):
-                return await effect.response.aclose()
+            return await shielded(effect.response.aclose, limit=None, otherwise=None)
         if kind is Sleep:
             if self._core.closes == effect.closes:  # else closed since: no wait
                 # An event a close sets (`_closing`), not a cancellation: a caller's own
@@ -147,11 +147,10 @@ class AsyncShell(Shell):
             call = getattr(self._core.store, effect.name + "_async")
             if effect.name == "admit":
                 return await call(*effect.args)
-            # Verdicts and releases must land even while a cancellation unwinds:
-            # shield them, briefly, so no probe slot is left taken.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_STORE_GRACE):
-                return await call(*effect.args)
-            return ()  # the store did not answer in time: nothing was recorded
+            # Verdicts and releases must land even while a cancellation unwinds (asyncio's
+            # own included), briefly, so no probe slot is left taken; () when the store
+            # did not answer in time: nothing was recorded.
+            return await shielded(call, *effect.args, limit=_STORE_GRACE, otherwise=())
         raise TypeError(f"unknown effect {kind.__name__}")
 
     def _deadline(

@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-import anyio
-
+from .._common.shield import shielded
 from .._core.flavour import Flavour
 
 __all__ = ["async_replay", "finish_iterators", "sync_replay"]
@@ -18,11 +17,14 @@ __all__ = ["async_replay", "finish_iterators", "sync_replay"]
 async def finish_iterators(*iterators: Any) -> None:
     """Close the async iterators a read started (a generator's finally runs now), even
     while a cancellation unwinds; one already finished, or with no aclose, is left."""
-    with anyio.CancelScope(shield=True):
-        for iterator in iterators:
-            close = getattr(iterator, "aclose", None)
-            if close is not None:
-                await close()
+    await shielded(_close_each, iterators, limit=None, otherwise=None)
+
+
+async def _close_each(iterators: tuple[Any, ...]) -> None:
+    for iterator in iterators:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
 
 
 _REPLAYS: dict[tuple[str, bool], type[Any]] = {}
@@ -82,8 +84,7 @@ def async_replay(
             async def aclose(self) -> None:
                 try:
                     # a verdict write must land even while a cancellation unwinds
-                    with anyio.CancelScope(shield=True):
-                        await self._on_close()
+                    await shielded(self._on_close, limit=None, otherwise=None)
                 finally:
                     # Finish the iterators the peek started here and now, rather
                     # than leave them to the garbage collector and a closing loop.

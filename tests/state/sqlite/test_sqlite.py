@@ -6,6 +6,7 @@ and test_store_processes.py; here is what only a file does.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -25,14 +26,15 @@ import pytest
 import structlog
 
 from children import TESTS, environment
-from drivers import MakeDriver, route
+from drivers import FakeClock, MakeDriver, route
 from sidestep._answers.classify import QUOTA_EXHAUSTED, RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKind
+from sidestep._core.attempts import LEASE_MARGIN
 from sidestep._settings.policies import BreakerPolicy, Suspensions
 from sidestep._state.circuit import State
 from sidestep._state.failopen import LocalTicket
 from sidestep._state.sqlite.store import SqliteStore
-from upstream import IN_TIME, STORE_WAIT, Respond, Upstream, wait_for
+from upstream import IN_TIME, STORE_WAIT, Hang, Respond, Upstream, wait_for
 
 ORIGIN = "https://api.example:443"
 OTHER = "https://other.example:443"
@@ -423,3 +425,36 @@ def test_a_store_dropped_unclosed_closes_its_file(tmp_path: Path) -> None:
         gc.collect()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         conn.execute("SELECT 1")
+
+
+def test_a_probes_lease_outlasts_the_time_its_request_may_run(
+    make: MakeDriver, a: Upstream, b: Upstream, tmp_path: Path
+) -> None:
+    """A half-open probe under `total_timeout` holds its slot in the file a margin past that
+    deadline (the shell lets the transport's own timeout fire up to 0.1 s after it, and
+    the verdict must still reach the file): the slot never frees, and lets a second probe
+    out, while the first may still be running."""
+    a.behaviour = lambda _: Respond(503)
+    path = tmp_path / "s.db"
+    store = SqliteStore(path)
+    store._caller_clock = True  # windows on the transport's clock
+    config = route(
+        ("a", a.url + "/v1"),
+        ("b", b.url + "/v1"),
+        breaker={"half_open_probes": 1},
+        failover={"total_timeout": 0.3},
+    )
+    clock = FakeClock()
+    d = make(config, store=store, clock=clock)
+    for _ in range(2):
+        assert d.get(a.url + "/v1/x").text == "b"
+    a.behaviour = lambda _: Hang()
+    clock.advance(11)
+    sent = time.time()
+    with ThreadPoolExecutor(1) as pool:
+        probing = pool.submit(d.get, a.url + "/v1/x")
+        wait_for(lambda: a.calls == 3)  # the probe reached a, and hangs there
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            (until,) = conn.execute("SELECT until FROM leases").fetchone()
+        assert until >= sent + 0.3 + LEASE_MARGIN
+        assert probing.result(60).text == "b"  # timed out at a, failed over

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -143,6 +144,55 @@ async def test_after_a_quiet_spell_an_admission_wakes_the_worker(
 
 @BACKENDS
 @pytest.mark.anyio
+async def test_after_a_quiet_spell_the_first_admission_reads_the_file_not_the_old_view(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the worker slept after a quiet spell, its view may be old: the first admission
+    after it, the view older than `refresh`, decides from the file (in a worker thread), so
+    an origin another store opened meanwhile is refused at once, not let through by the
+    view of before."""
+    monkeypatch.setattr(_sqlite_loop, "LINGER", 0.0)  # quiet as soon as no admission is seen
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    other = SqliteStore(path, refresh=0)
+    assert (await store.admit_async(facts(store, origin(1)), P, 0)).ticket is not None
+    worker = store._worker
+    await until(lambda: worker._idle)  # asleep, with a view where origin 1 is healthy
+    await until(lambda: time.monotonic() >= store._next_poll)  # and older than `refresh`
+    fail(other, origin(1))
+    assert (await store.admit_async(facts(store, origin(1)), P, 0)).ticket is None
+    store.close()
+    other.close()
+
+
+@BACKENDS
+@pytest.mark.anyio
+async def test_an_awake_worker_keeps_the_view_up_to_date_between_admissions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Until it sleeps, the worker brings the view up to date every `refresh` whether or
+    not admissions come meanwhile: what another store opened shows in the view with no
+    admission to ask for it, so the next one decides from a view at most `refresh` old."""
+    monkeypatch.setattr(_sqlite_loop, "LINGER", 3600.0)  # never quiet, however slow the machine
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    other = SqliteStore(path, refresh=0)
+    assert (await store.admit_async(facts(store, origin(0)), P, 0)).ticket is not None
+    await until(lambda: store._worker.awake)
+    fail(other, origin(1))
+
+    def opened() -> bool:
+        kept = store._state.origins.get(origin(1))
+        return kept is not None and kept.unhealthy > 0
+
+    await until(opened)  # no admission since the first
+    assert (await store.admit_async(facts(store, origin(1)), P, 0)).ticket is None
+    store.close()
+    other.close()
+
+
+@BACKENDS
+@pytest.mark.anyio
 async def test_a_worker_thread_that_ended_is_started_again_off_the_loop(
     tmp_path: Path, starts: list[int]
 ) -> None:
@@ -193,14 +243,16 @@ async def test_reading_the_whole_file_lets_other_threads_in(
     writer.close()
 
 
+@pytest.mark.parametrize("cancels", [1, 2])
 def test_a_probe_given_back_after_the_store_closed_starts_no_thread_on_the_loop(
-    tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, starts: list[int], monkeypatch: pytest.MonkeyPatch, cancels: int
 ) -> None:
     """An admission that took a probe slot in a worker thread, whose caller is cancelled
     (asyncio's own cancel, which drops the thread's answer) once the store was closed and
     its worker thread ended, gives the slot back to the file, and the loop's thread starts
-    no worker thread to do it. (Under trio a cancelled caller still gets its thread's
-    answer, so nothing is abandoned there.)"""
+    no worker thread to do it; cancelled again while it waits for that write, it still
+    waits for it. (Under trio a cancelled caller still gets its thread's answer, so
+    nothing is abandoned there.)"""
     import asyncio
 
     answered, proceed = threading.Event(), threading.Event()
@@ -228,6 +280,16 @@ def test_a_probe_given_back_after_the_store_closed_starts_no_thread_on_the_loop(
         other.release(ticket)
         return bool(ticket.probes)
 
+    releasing, released = threading.Event(), threading.Event()
+    release = store.release
+
+    def held_release(ticket: Any) -> None:
+        releasing.set()
+        released.wait(60)  # cancelled again while the give-back waits here
+        release(ticket)
+
+    store.release = held_release  # type: ignore[method-assign]
+
     async def main() -> int:
         task = asyncio.ensure_future(store.admit_async(facts(store, origin(1)), P, 601))
         try:
@@ -236,10 +298,17 @@ def test_a_probe_given_back_after_the_store_closed_starts_no_thread_on_the_loop(
             store.close()  # its worker thread ends
             await until(lambda: worker._thread is not None and not worker._thread.is_alive())
             task.cancel()
+            proceed.set()
+            await until(releasing.is_set)  # the cancelled caller gives the slot back
+            for _ in range(cancels - 1):
+                task.cancel()
+                await asyncio.sleep(0.01)
+            released.set()
             with pytest.raises(asyncio.CancelledError):
                 await task
         finally:
             proceed.set()
+            released.set()
         return threading.get_ident()
 
     loop_thread = asyncio.run(main())

@@ -3,12 +3,13 @@ hand-off of an admission made in a worker thread to a caller that may stop waiti
 
 An async admission decides from the store's view of the file when it can;
 keeping that view up to date is the worker's job, so the loop never reads
-the file. While admissions use the view, the worker brings it up to date
-every ``refresh`` on its own timer: an admission only marks the view used —
-no clock read, no wake-up, no lock — and wakes the worker only after a
-quiet spell (`LINGER`) has put it to sleep. The thread is started off the
-loop, by an admission that goes to a worker thread (the first one does: it
-finds no view yet), since starting a thread waits for it to run. An
+the file. While admissions use the view, and for `LINGER` after the last,
+the worker brings it up to date every ``refresh`` on its own timer: an
+admission only marks the view used — no clock read, no wake-up, no lock.
+After a quiet spell the worker sleeps, and the view may be old: the next
+admission wakes it and reads the file itself, in a worker thread, as one
+does when no thread runs yet (the thread is started there, off the loop,
+since starting a thread waits for it to run). An
 admission that needs the file runs in anyio's worker threads; if its caller
 is cancelled meanwhile (asyncio's own ``Task.cancel``, which no anyio
 shield holds back, drops the thread's answer), the probe slots it took are
@@ -27,6 +28,8 @@ import weakref
 from typing import TYPE_CHECKING, Protocol
 
 import anyio.to_thread
+
+from ..._common.shield import shielded
 
 if TYPE_CHECKING:
     from ..._common.scopes import ScopeFacts
@@ -78,17 +81,16 @@ class Worker:
         weakref.finalize(store, self.stop)
 
     def use(self) -> bool:
-        """An admission reads the view: keep it up to date. False when no thread runs to
-        do so (`start` it, off the event loop)."""
+        """An admission would read the view: keep it up to date. True when the view is
+        (awake, the worker brings it up every ``refresh``); False when it may be older
+        (asleep, at work on waking, or no thread at all): the admission reads the file
+        itself, off the loop (where the thread is started if it does not run)."""
         self.used = True
         if self.awake:
             return True  # the common case: nothing else to do
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return False
-        if self._idle:  # else it is at work, and looks at `used` before it sleeps again
+        if self._idle:  # asleep since a quiet spell: wake it for the admissions to come
             self._wake.set()
-        return True
+        return False
 
     def start(self) -> None:
         """Run the thread, if it does not run yet (this waits for it to start)."""
@@ -155,16 +157,20 @@ def _serve(worker: Worker) -> None:
         now, used = time.monotonic(), worker.used
         if used:
             last_use = now
-            if now >= store._next_poll:
-                worker.used = False
-                store._poll(wait=True)  # which sets when the next one is due
-                continue
-        refresh, due = store._refresh, store._next_poll
+        refresh = store._refresh
+        awake = used or (refresh and now - last_use < LINGER)
+        if awake and now >= store._next_poll:
+            # Every `refresh` while awake, used since or not: an admission reading the
+            # view of an awake worker reads one at most that far behind the file.
+            worker.used = False
+            store._poll(wait=True)  # which sets when the next one is due
+            continue
+        due = store._next_poll
         del store  # not held while the thread sleeps
-        if used or (refresh and now - last_use < LINGER):
-            # Awake, on its own timer: until the poll asked for is due, else for a tick.
+        if awake:
+            # Awake, on its own timer: until the next poll is due.
             worker.awake = True
-            worker._wake.wait(max(due - now, 0.0) if used else refresh)
+            worker._wake.wait(max(due - now, 0.0))
         else:
             # Quiet (or asked on every admission, with no refresh): asleep until woken.
             worker.awake = False
@@ -230,7 +236,9 @@ async def admit_in_thread(
         ticket = handoff.abandon()
         if ticket is not None:
             # No worker to give the slots back (the store was closed while this admission
-            # ran): the cancelled caller waits for that one write, in a worker thread.
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(store.release, ticket)
+            # ran): the cancelled caller waits for that one write, in a worker thread,
+            # however often it is cancelled meanwhile.
+            await shielded(
+                anyio.to_thread.run_sync, store.release, ticket, limit=None, otherwise=None
+            )
         raise

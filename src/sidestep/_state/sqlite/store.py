@@ -313,7 +313,8 @@ class SqliteStore(FileView):
             admission = self._from_view(origin, facts, policy, wall, now)
             if admission is not None:
                 return admission
-        # No view yet, or no worker to keep it (one is started there, never on the loop).
+        # No view yet, no worker to keep it, or one that slept and may hold an old view:
+        # the file itself, in a worker thread (a worker is started there, not on the loop).
         return await admit_in_thread(self, self._worker, facts, policy, now, lease)
 
     async def record_async(
