@@ -85,13 +85,13 @@ def test_an_anyio_cancel_scope_waits_for_the_work_without_spinning(
     turn of the loop): the work finishes, the scope then ends the caller at its next
     checkpoint, and the caller waited once, not once per turn of the loop."""
     waits = []
-    shield = asyncio.shield
+    wait = asyncio.wait
 
-    def counted(awaitable: Any) -> Any:
-        waits.append(awaitable)
-        return shield(awaitable)
+    def counted(awaitables: Any) -> Any:
+        waits.append(awaitables)
+        return wait(awaitables)
 
-    monkeypatch.setattr(asyncio, "shield", counted)
+    monkeypatch.setattr(asyncio, "wait", counted)
 
     async def main() -> None:
         work = Work()
@@ -138,3 +138,27 @@ def test_a_trio_cancel_scope_waits_for_the_work() -> None:
 
     anyio.run(main, backend="trio")
     assert finished == [True]
+
+
+def test_a_cancelled_caller_gets_its_cancellation_even_when_the_work_failed() -> None:
+    """The work fails after the caller was cancelled: the caller's cancellation comes out
+    (not the work's error), and the work's error is taken, so the loop reports nothing."""
+    reported: list[object] = []
+
+    async def failing() -> None:
+        await asyncio.sleep(0.05)
+        raise ValueError("the work's own")
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        caller = asyncio.ensure_future(shielded(failing, limit=None, otherwise=None))
+        await asyncio.sleep(0.01)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+
+    asyncio.run(main())
+    import gc
+
+    gc.collect()
+    assert reported == []

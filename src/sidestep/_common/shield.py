@@ -38,15 +38,14 @@ async def shielded(
         cancelled: BaseException | None = None
         while not work.done():
             try:
-                await asyncio.shield(work)
+                await asyncio.wait((work,))  # which leaves the work be when cancelled
             except asyncio.CancelledError as exc:
-                if work.done() and work.cancelled():
-                    raise  # the loop itself is going away: nothing is left to wait for
                 cancelled = exc  # the caller's: wait on, and let it out afterwards
-        result = work.result()
-    if cancelled is not None:
-        raise cancelled
-    return result
+        if cancelled is None:
+            return work.result()
+        work.exception()  # seen: what comes out is the caller's cancellation
+        caller: BaseException = cancelled
+    raise caller
 
 
 async def _bounded(
