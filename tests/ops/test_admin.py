@@ -32,7 +32,7 @@ from sidestep._core.listed import Listed
 from sidestep._settings.policies import BreakerPolicy, Suspensions
 from sidestep._settings.values import SidestepConfigWarning
 from sidestep.logging import add_observer, remove_observer
-from upstream import IN_TIME, Respond, Upstream
+from upstream import CLIENT_TIMEOUT, IN_TIME, Respond, Upstream
 
 # seconds a Redis call may take where a test only reads back what was written
 LOADED = 10.0
@@ -157,7 +157,7 @@ def test_lists_then_clears_what_real_traffic_suspended(
 ) -> None:
     """GET /suspensions lists the failing primary; DELETE clears it, answers the row as it was, audits who did it; the next request reaches the primary; a second DELETE is a 404."""
     setup.fail_primary()
-    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+    with served(setup, kind) as url, httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT) as admin:
         listed = admin.get("/suspensions", headers=bearer(TOKEN))
         assert listed.status_code == 200
         assert listed.headers["cache-control"] == "no-store"
@@ -193,7 +193,10 @@ def test_lists_then_clears_what_real_traffic_suspended(
 def test_filters_by_route_target_and_reason(setup: Setup, kind: str) -> None:
     """?route=, ?target= and ?reason= keep only the rows that match; an unknown filter is ignored."""
     setup.fail_primary()
-    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(READER)) as admin:
+    with (
+        served(setup, kind) as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(READER)) as admin,
+    ):
 
         def count(query: str) -> int:
             return len(admin.get(f"/suspensions?{query}").json()["suspensions"])
@@ -212,7 +215,7 @@ def test_every_endpoint_needs_a_token_and_a_wrong_one_gets_no_hint(setup: Setup,
     """No token, a wrong token, a malformed header or a cookie all get the same 401 on every endpoint; the page invites a browser login; HTTP Basic with the token as password reads."""
     setup.fail_primary()
     scope_id = setup.transport.suspensions()[0].scope_id
-    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+    with served(setup, kind) as url, httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT) as admin:
         answers = []
         for method, path in [
             ("GET", "/"),
@@ -246,7 +249,7 @@ def test_a_read_only_token_reads_but_cannot_clear_and_clearing_is_never_a_get(
     """The read-only token lists but gets 403 on DELETE; GET or POST on a suspension is a 405; the scope stays open."""
     setup.fail_primary()
     scope_id = setup.transport.suspensions()[0].scope_id
-    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+    with served(setup, kind) as url, httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT) as admin:
         assert admin.get("/suspensions", headers=bearer(READER)).status_code == 200
         forbidden = admin.delete(f"/suspensions/{scope_id}", headers=bearer(READER))
         assert forbidden.status_code == 403
@@ -297,7 +300,10 @@ def test_mounted_in_fastapi_and_flask(setup: Setup) -> None:
         lambda: serve_wsgi(web),
     ]
     for serve in servers:
-        with serve() as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+        with (
+            serve() as url,
+            httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
+        ):
             rows = admin.get("/sidestep/suspensions").json()["suspensions"]
             assert [row["target"] for row in rows] == ["primary"]
             page = admin.get("/sidestep/")
@@ -311,7 +317,10 @@ def test_the_page_is_readable_without_scripts_under_a_strict_policy(
 ) -> None:
     """The page lists each route's targets with their state in its HTML (no script needed), loads nothing from elsewhere, and forbids every source but its own hashed script and style."""
     setup.fail_primary()
-    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+    with (
+        served(setup, kind) as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
+    ):
         page = admin.get("/")
     assert page.status_code == 200
     assert page.headers["content-type"] == "text/html; charset=utf-8"
@@ -365,7 +374,9 @@ def admin_over_redis(
         url = stack.enter_context(
             serve_asgi(app, lifespan="off") if kind == "asgi" else serve_wsgi(app)
         )
-        admin = stack.enter_context(httpx.Client(base_url=url, headers=bearer(TOKEN)))
+        admin = stack.enter_context(
+            httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN))
+        )
         yield client, admin
 
 
@@ -463,7 +474,7 @@ def test_a_clear_a_browser_says_comes_from_another_origin_is_refused_whatever_it
     """A DELETE whose Sec-Fetch-Site is cross-site or same-site, or (without it) whose Origin is not the app's host, gets 403 with Basic and Bearer credentials alike and the scope stays open; same-origin markers, and requests with no browser marker at all (a script, curl), clear."""
     setup.fail_primary()
     scope_id = setup.transport.suspensions()[0].scope_id
-    with served(setup, kind) as url, httpx.Client(base_url=url) as admin:
+    with served(setup, kind) as url, httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT) as admin:
         host = httpx.URL(url).netloc.decode()
         refused_markers: list[dict[str, str]] = [
             {"sec-fetch-site": "cross-site"},
@@ -511,7 +522,10 @@ def test_mounted_under_a_permissive_cors_policy_a_cross_origin_clear_is_refused(
         allow_headers=["*"],
     )
     api.mount("/sidestep", setup.asgi())
-    with serve_asgi(api, lifespan="off") as url, httpx.Client(base_url=url) as admin:
+    with (
+        serve_asgi(api, lifespan="off") as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT) as admin,
+    ):
         path = f"/sidestep/suspensions/{scope_id}"
         preflight = admin.options(
             path, headers={"origin": frontend, "access-control-request-method": "DELETE"}
@@ -549,7 +563,10 @@ def test_pages_of_rows_join_into_the_whole_listing(setup: Setup, kind: str) -> N
     """?limit= pages the rows in scope_id order, each answer saying the total and the next page's ?after=; the pages join into the whole list, with no row twice, even when a row of a later page is cleared between pages; filters page alike."""
     setup.fail_primary()
     suspend_origins(store_of(setup), 24)
-    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+    with (
+        served(setup, kind) as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
+    ):
         whole = admin.get("/suspensions").json()
         assert whole["total"] == 25 and whole["next"] is None
         ids = [row["scope_id"] for row in whole["suspensions"]]
@@ -589,7 +606,10 @@ def test_pages_of_rows_join_into_the_whole_listing(setup: Setup, kind: str) -> N
 def test_a_limit_that_is_not_a_positive_whole_number_is_refused(setup: Setup, kind: str) -> None:
     """?limit= of 0, a negative, a fraction, a word or a non-ASCII digit is a 400 invalid_limit; a limit past 10,000 is taken as 10,000; an ?after= past the last row is an empty last page that still counts every row."""
     setup.fail_primary()
-    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(READER)) as admin:
+    with (
+        served(setup, kind) as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(READER)) as admin,
+    ):
         for limit in ("0", "-1", "1.5", "ten", "\u0663", "1e3"):
             refused = admin.get("/suspensions", params={"limit": limit})
             assert refused.status_code == 400, limit
@@ -604,7 +624,10 @@ def test_a_listing_that_says_nothing_new_is_a_304(setup: Setup, kind: str) -> No
     """Each listing carries a weak ETag; asked again with it in If-None-Match (or with *), nothing having changed, the answer is a 304 with no body; once a scope is cleared, a 200 with the new rows and a new tag."""
     setup.fail_primary()
     suspend_origins(store_of(setup), 3)
-    with served(setup, kind) as url, httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin:
+    with (
+        served(setup, kind) as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
+    ):
         first = admin.get("/suspensions")
         tag = first.headers["etag"]
         assert tag.startswith('W/"')

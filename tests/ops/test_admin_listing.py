@@ -22,7 +22,7 @@ from sidestep._answers.classify import RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKind
 from sidestep._settings.policies import BreakerPolicy, Suspensions
 from test_admin import TOKEN, bearer, config_for
-from upstream import Upstream
+from upstream import CLIENT_TIMEOUT, Upstream
 
 LIMITED = Verdict(Kind.SUSPEND, RATE_LIMITED, ScopeKind.ORIGIN, True, retry_after=600, status=429)
 WINDOWS = Suspensions.model_validate({"rate_limited": {"initial": 1, "max": 3600}})
@@ -88,7 +88,7 @@ def test_a_store_that_has_not_changed_is_not_read_again(
     suspend(store, origins(0, 30), now=0.0)
     with (
         mounted(kind, transport) as url,
-        httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
     ):
         first = admin.get("/sidestep/suspensions")
         assert first.status_code == 200 and first.json()["total"] == 30
@@ -130,7 +130,7 @@ def test_rows_listed_again_count_down_from_the_later_moment(
     suspend(store, origins(0, 5), now=1000.0)
     with (
         mounted(kind, transport) as url,
-        httpx.Client(base_url=url, headers=bearer(TOKEN)) as admin,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
     ):
         first = admin.get("/sidestep/suspensions")
         assert {r["retry_in"] for r in first.json()["suspensions"]} == {600.0}
