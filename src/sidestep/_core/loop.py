@@ -2,7 +2,7 @@
 
 `Core.handle` is a generator: it decides, and yields an *effect* (`effects`)
 whenever I/O is needed, then takes the result (or the exception) back. The
-sync and async shells in `_shells/transport.py` only perform effects, so both
+sync and async shells (`_shells/sync_shell.py`, `async_shell.py`) only perform effects, so both
 flavours and both colours of transport share every decision. The loop is
 here; the fast decision (`fast_path`), the attempts on one candidate
 (`attempts`), and what it works out per candidate (`candidates`), per result
