@@ -316,3 +316,27 @@ def test_a_probe_given_back_after_the_store_closed_starts_no_thread_on_the_loop(
     assert loop_thread not in starts
     store.close()
     other.close()
+
+
+def test_an_admission_off_the_loop_waits_for_a_catch_up_under_way(tmp_path: Path) -> None:
+    """An async admission sent to a worker thread (its view may be old: the worker slept)
+    waits for a catch-up another thread of the store has under way, and decides from the
+    view it brings, not from the one before: an origin another store opened is refused."""
+    import concurrent.futures
+
+    path = tmp_path / "s.db"
+    store = SqliteStore(path, refresh=0.01)
+    other = SqliteStore(path, refresh=0)
+    assert store.admit(facts(store, origin(1)), P, 0).ticket is not None  # a view: healthy
+    fail(other, origin(1))
+    store._tx.mutex.acquire()  # another thread of the store is at the file, catching up
+    releasing = threading.Timer(0.2, store._tx.mutex.release)
+    releasing.start()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            admitted = pool.submit(store.admit_current, facts(store, origin(1)), P, 0)
+            assert admitted.result(60).ticket is None
+    finally:
+        releasing.join()
+    store.close()
+    other.close()

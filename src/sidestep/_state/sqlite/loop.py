@@ -48,7 +48,7 @@ class _Store(Protocol):
     _next_poll: float  # when the view is next brought up to date (monotonic seconds)
     _refresh: float
 
-    def admit(
+    def admit_current(
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
     ) -> Admission: ...
 
@@ -197,7 +197,7 @@ class _Handoff:
         self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None
     ) -> Admission:
         self._worker.start()  # here, in a worker thread: never on the event loop
-        admission = self._store.admit(facts, policy, now, lease)
+        admission = self._store.admit_current(facts, policy, now, lease)
         with self._lock:
             if not self._gone:
                 self._answer = admission
@@ -228,7 +228,7 @@ async def admit_in_thread(
     now: float,
     lease: float | None,
 ) -> Admission:
-    """`store.admit` in a worker thread; cancelled meanwhile, it keeps no probe slot."""
+    """`store.admit_current` in a worker thread; cancelled meanwhile, it keeps no probe slot."""
     handoff = _Handoff(store, worker)
     try:
         return await anyio.to_thread.run_sync(handoff.admit, facts, policy, now, lease)

@@ -187,6 +187,16 @@ class SqliteStore(FileView):
             return fo.admit(facts, policy, now)
         return _on_clock(admission, wall - now)
 
+    def admit_current(
+        self, facts: ScopeFacts, policy: BreakerPolicy, now: float, lease: float | None = None
+    ) -> Admission:
+        """`admit` on a view brought up to date first, waiting for a catch-up another thread
+        has under way: for an admission whose view may be older than `refresh` (an async
+        one after the worker slept, in a worker thread)."""
+        if not self._failopen.down:
+            self._poll(wait=True)  # a failure leaves the store down: `admit` serves that
+        return self.admit(facts, policy, now, lease)
+
     def _from_view(
         self, origin: Origin, facts: ScopeFacts, policy: BreakerPolicy, wall: float, now: float
     ) -> Admission | None:
