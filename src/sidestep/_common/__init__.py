@@ -1,2 +1,3 @@
-"""What every layer shares: the error tree, scope keys and credential names, and turns
-for other threads during long work. Imports nothing else of sidestep."""
+"""What every layer shares: the error tree, scope keys and credential names, turns for
+other threads during long work, and async work carried to its end whatever cancels its
+caller. Imports nothing else of sidestep."""
