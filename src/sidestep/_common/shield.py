@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
-import sniffio
 
 __all__ = ["shielded"]
 
@@ -31,7 +30,7 @@ async def shielded(
     """`await fn(*args)` to its end even while the caller is cancelled, for at most
     `limit` seconds (None: no bound); `otherwise` when the limit ran out first."""
     with anyio.CancelScope(shield=True):  # anyio's and trio's cancellations wait outside
-        if sniffio.current_async_library() != "asyncio":
+        if not _on_asyncio():
             return await _bounded(fn, args, limit, otherwise)
         # asyncio's own land even here: the work is a task they do not reach
         work = asyncio.ensure_future(_bounded(fn, args, limit, otherwise))
@@ -46,6 +45,13 @@ async def shielded(
         work.exception()  # seen: what comes out is the caller's cancellation
         caller: BaseException = cancelled
     raise caller
+
+
+def _on_asyncio() -> bool:
+    try:
+        return asyncio.current_task() is not None
+    except RuntimeError:  # no asyncio loop runs this: trio's
+        return False
 
 
 async def _bounded(
