@@ -41,6 +41,7 @@ from redis_server import PASSWORD, DelayProxy, RedisServer, fresh_prefix
 from sidestep._answers.classify import INVALID_CREDENTIAL, RATE_LIMITED, Kind, Verdict
 from sidestep._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from sidestep._settings.policies import BreakerPolicy, FailureRate, Suspensions
+from sidestep._state.circuit import State
 from sidestep._state.failopen import LocalTicket
 from sidestep._state.memory import MemoryStore
 from sidestep._state.protocol import Admission, Ticket, Transition
@@ -365,6 +366,30 @@ def test_server_clock_decides_windows_and_times_return_on_each_callers_clock(
     assert probe.ticket is not None and probe.ticket.probes
     a.close()
     b.close()
+
+
+def test_an_unchanged_scope_lists_at_the_same_instants_whatever_the_round_trips_jitter(
+    redis_url: str,
+) -> None:
+    """Listings of an unchanged open scope, each with this process's clock read up to 0.3 s before the server reads its own (a loaded machine's jitter), put its window at the same instants every time (an admin listing's tag follows them); a server clock 5 s away is measured afresh."""
+    store = RedisStore(redis_url, prefix=fresh_prefix(), mirror=False)
+    p = BreakerPolicy(failure_threshold=2, cooldown=30, max_cooldown=60)
+    for _ in range(2):
+        ticket = store.admit(facts(store), p, 0.0).ticket
+        assert ticket is not None
+        store.record(ticket, FAIL, p, Suspensions(), 0.0)
+    seen = set()
+    for late in (0.0, 0.3, 0.1, 0.0, 0.2, 0.3, 0.1):
+        (status,) = store.snapshot(time.monotonic() - late)
+        assert status.state is State.OPEN and status.opened_at is not None
+        seen.add((status.retry_at, status.opened_at))
+    assert len(seen) == 1
+    ((retry_at, opened_at),) = seen
+    assert retry_at - opened_at == pytest.approx(30.0)
+    # This process's clock stepped 5 s: the store follows it rather than its old offset.
+    (status,) = store.snapshot(time.monotonic() + 5.0)
+    assert status.retry_at == pytest.approx(retry_at + 5.0, abs=0.5)
+    store.close()
 
 
 # --- probe leases ------------------------------------------------------------------------------

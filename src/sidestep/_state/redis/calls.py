@@ -44,6 +44,10 @@ _HEALTHY, _NEED_KEYS, _ADMITTED, _REFUSED = 0, 1, 2, 3
 # Origins seen unhealthy are remembered so their admissions carry the scope keys
 # in the first round trip; more than this and the memory starts afresh.
 _MAX_HOT = 1024
+# How far a server's clock, less ours, may stray from the offset kept before it is
+# measured afresh (`Calls.shift`): more than a loaded machine's jitter between
+# reading its clock and the server reading its own, and a listing shows whole seconds.
+_DRIFT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +112,8 @@ class Calls:
         self.caller_clock = False
         self.hot: dict[str, None] = {}
         self.mirror: Mirror | None = None  # set by a store that keeps one
+        # The server's clock less this process's, as a listing last learned it.
+        self.offset: float | None = None
 
     def admit(
         self,
@@ -266,36 +272,52 @@ class Calls:
             replies.append((yield Call([*self.head(op, now), oh], key=anchor(self.prefix, oh))))
         return replies
 
-    def _scopes(self, now: float) -> Generator[Call, Any, list[Any]]:
-        return [row for reply in (yield from self._rows("snapshot", now)) for row in reply]
+    def _scopes(self) -> Generator[Call, Any, list[Any]]:
+        return [row for reply in (yield from self._rows("snapshot", 0.0)) for row in reply[1]]
 
     def snapshot(self, now: float) -> Steps[list[ScopeStatus]]:
-        rows = yield from self._scopes(now)
+        replies = yield from self._rows("snapshot", now)
         statuses = []
-        for sid, kind, origin, credential, model, state, reason, failures, retry_in, w, _ in rows:
-            s = State(state)
-            rel = float(retry_in)
-            closed = s is State.CLOSED
-            # when the current window began; unknown while open until cleared
-            opened = None if closed or math.isinf(rel) else now + rel - float(w)
-            statuses.append(
-                ScopeStatus(
-                    scope_id=sid,
-                    scope=scope_key(ScopeKind(kind), origin, credential, model),
-                    state=s,
-                    reason=reason or None,
-                    failures=int(failures),
-                    retry_at=0.0 if closed else now + rel,
-                    opened_at=opened,
+        for server_now, rows in replies:
+            shift = self.shift(float(server_now) - now)
+            for sid, kind, origin, credential, model, state, reason, failures, r, w, _ in rows:
+                s = State(state)
+                until = float(r) - shift
+                closed = s is State.CLOSED
+                # when the current window began; unknown while open until cleared
+                opened = None if closed or math.isinf(until) else until - float(w)
+                statuses.append(
+                    ScopeStatus(
+                        scope_id=sid,
+                        scope=scope_key(ScopeKind(kind), origin, credential, model),
+                        state=s,
+                        reason=reason or None,
+                        failures=int(failures),
+                        retry_at=0.0 if closed else until,
+                        opened_at=opened,
+                    )
                 )
-            )
         return statuses
+
+    def shift(self, offset: float) -> float:
+        """What to take off a server's instants to put them on this process's clock, given
+        `offset` (its clock less ours) as one reply measured it.
+
+        The offset is kept while each measure is within `_DRIFT` of it, so a scope
+        unchanged between two listings has the same instants in both: a new offset each
+        read would move them by the round trip's jitter (and a listing's tag with them).
+        A measure further off (the clocks drifted apart, or a node of a cluster whose
+        clock is) is kept instead.
+        """
+        if self.offset is None or abs(offset - self.offset) > _DRIFT:
+            self.offset = offset
+        return self.offset
 
     def count(self) -> Steps[int]:
         return sum(int(n) for n in (yield from self._rows("count", 0.0)))
 
     def clear(self, scope_id: str) -> Steps[bool]:
-        for row in (yield from self._scopes(0.0)):
+        for row in (yield from self._scopes()):
             if row[0] == scope_id:
                 oh = row[-1]
                 cleared = yield Call([*self.head("clear", 0.0), oh, scope_id], key=self.at(oh))

@@ -189,10 +189,10 @@ if op == 'snapshot' then
     local v = redis.call('HMGET', skey(s[1], s[2]), 'k', 'o', 'c', 'm', 'st', 'rs', 'f', 'r', 'w')
     if v[1] then
       out[#out + 1] = {s[2], v[1], v[2], v[3], v[4], v[5], v[6], tonumber(v[7]),
-                       num(tonumber(v[8]) - now), v[9] or '0', s[1]}
+                       num(tonumber(v[8])), v[9] or '0', s[1]}
     end
   end
-  return out
+  return {num(now), out}
 end
 
 if op == 'clear' then

@@ -41,7 +41,8 @@ Redis Cluster a publish reaches every node. ``ZRANGE … BYSCORE`` needs Redis
 
 Two clocks: windows follow ``now`` — the server's ``TIME`` in seconds, or the
 caller's clock when the private test hook asks for it — and times go back
-relative to it, for the caller to put on its own clock. Expiry, leases and
+relative to it, for the caller to put on its own clock (a snapshot sends its
+instants with the server's ``now``: `Calls.shift` keeps one offset for them). Expiry, leases and
 the sequence follow the server's real clock in milliseconds, so keys expire
 as Redis sees time pass. Every step of the sequence is at least the
 server's time in milliseconds times 1000, so it never goes back, and a
