@@ -703,3 +703,40 @@ def test_online_with_the_store_address_unset_is_unknown_and_contacts_nothing(
         (store,) = found["store"]
         assert store["status"] == "unknown" and "not set" in store["reason"], store
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "breaker:\n  failure_threshold: " + "9" * 5000 + "\n",
+        "routes: []\nreleased: 2024-02-30\n",
+        "routes: []\n2024-13-45: x\n",
+        "routes: []\nat: 2024-01-01 23:59:60\n",
+        "breaker:\n  failure_threshold: !!int three\n",
+        "breaker:\n  failure_threshold: !!float three\n",
+        "breaker:\n  enabled: !!bool maybe\n",
+        "routes: []\nat: !!timestamp soon\n",
+    ],
+    ids=[
+        "5000-digits",
+        "no-such-day",
+        "no-such-month-key",
+        "leap-second",
+        "int-tag",
+        "float-tag",
+        "bool-tag",
+        "timestamp-tag",
+    ],
+)
+def test_a_scalar_yaml_cannot_construct_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, document: str
+) -> None:
+    """A scalar the YAML loader recognises but cannot make into a value (an integer of thousands of digits, a date that does not exist, a tag its text does not fit): load_config raises ConfigError naming the file and the line, and doctor exits 2 with one line, no traceback and not the value."""
+    path = tmp_path / "scalar.yaml"
+    path.write_text(document)
+    with pytest.raises(ConfigError, match=r"scalar\.yaml: invalid YAML"):
+        load_config(path)
+    status, found, err = doctor(capsys, tmp_path, document)
+    assert (status, found) == (2, {})
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "three" not in err and "maybe" not in err and "soon" not in err
