@@ -767,3 +767,27 @@ def test_the_host_apps_loop_answers_while_a_listing_of_10000_rows_is_being_taken
     else:
         assert answer.json()["target"] == origins[0]
         assert len(transport.suspensions()) == 9_999
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_limit_of_thousands_of_digits_is_taken_as_the_most_a_page_holds(
+    a: Upstream, b: Upstream, kind: str
+) -> None:
+    """?limit= written with thousands of digits (past the interpreter's limit on converting digits to an integer), or with thousands of leading zeros, answers like any limit: the first taken as 10,000 rows and the second as what it says, never a 500."""
+    transport = sidestep.FailoverTransport(config_for(a, b))
+    suspend_origins(transport.store, 3)
+    serve: Callable[[], Any] = (
+        (lambda: serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off"))
+        if kind == "asgi"
+        else (lambda: serve_wsgi(sidestep.admin.wsgi_app(transport, token=TOKEN)))
+    )
+    with (
+        serve() as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
+    ):
+        huge = admin.get("/suspensions", params={"limit": "9" * 5000})
+        assert huge.status_code == 200, huge.text[:200]
+        assert len(huge.json()["suspensions"]) == 3 and huge.json()["next"] is None
+        padded = admin.get("/suspensions", params={"limit": "0" * 5000 + "2"})
+        assert padded.status_code == 200, padded.text[:200]
+        assert len(padded.json()["suspensions"]) == 2 and padded.json()["next"] is not None

@@ -6,7 +6,10 @@ told at the later moment.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import fastapi
@@ -143,3 +146,29 @@ def test_rows_listed_again_count_down_from_the_later_moment(
         over = admin.get("/sidestep/suspensions")
         assert {(r["state"], r["retry_in"]) for r in over.json()["suspensions"]} == {("open", 0.0)}
         assert store.snapshots == read
+
+
+@pytest.mark.parametrize("kind", ["asgi", "wsgi"])
+def test_a_sqlite_stores_rows_say_when_their_window_began(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scope a SQLite store suspended for 600 s five minutes ago lists with an ``opened_at`` five minutes back and about 300 s to go, as the memory and Redis stores' rows do: not the moment of the listing."""
+    store = sidestep.SqliteStore(tmp_path / "state.db")
+    began = time.time() - 300
+    with monkeypatch.context() as then:
+        then.setattr(time, "time", lambda: began)  # the store's wall clock, five minutes back
+        suspend(store, origins(0, 1), now=time.monotonic())
+    served = (
+        serve_asgi(sidestep.admin.app(store, token=TOKEN), lifespan="off")
+        if kind == "asgi"
+        else serve_wsgi(sidestep.admin.wsgi_app(store, token=TOKEN))
+    )
+    with (
+        served as url,
+        httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT, headers=bearer(TOKEN)) as admin,
+    ):
+        (row,) = admin.get("/suspensions").json()["suspensions"]
+    store.close()
+    assert 250 < row["retry_in"] <= 300, row
+    opened = datetime.fromisoformat(row["opened_at"].replace("Z", "+00:00")).timestamp()
+    assert abs(opened - began) < 5, (row["opened_at"], began)

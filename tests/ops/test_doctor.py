@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -703,3 +706,71 @@ def test_online_with_the_store_address_unset_is_unknown_and_contacts_nothing(
         (store,) = found["store"]
         assert store["status"] == "unknown" and "not set" in store["reason"], store
     assert asked == []
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "breaker:\n  failure_threshold: " + "9" * 5000 + "\n",
+        "routes: []\nreleased: 2024-02-30\n",
+        "routes: []\n2024-13-45: x\n",
+        "routes: []\nat: 2024-01-01 23:59:60\n",
+        "breaker:\n  failure_threshold: !!int three\n",
+        "breaker:\n  failure_threshold: !!float three\n",
+        "breaker:\n  enabled: !!bool maybe\n",
+        "routes: []\nat: !!timestamp soon\n",
+    ],
+    ids=[
+        "5000-digits",
+        "no-such-day",
+        "no-such-month-key",
+        "leap-second",
+        "int-tag",
+        "float-tag",
+        "bool-tag",
+        "timestamp-tag",
+    ],
+)
+def test_a_scalar_yaml_cannot_construct_is_a_config_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, document: str
+) -> None:
+    """A scalar the YAML loader recognises but cannot make into a value (an integer of thousands of digits, a date that does not exist, a tag its text does not fit): load_config raises ConfigError naming the file and the line, and doctor exits 2 with one line, no traceback and not the value."""
+    path = tmp_path / "scalar.yaml"
+    path.write_text(document)
+    with pytest.raises(ConfigError, match=r"scalar\.yaml: invalid YAML"):
+        load_config(path)
+    status, found, err = doctor(capsys, tmp_path, document)
+    assert (status, found) == (2, {})
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "three" not in err and "maybe" not in err and "soon" not in err
+
+
+ROOT = Path(__file__).resolve().parents[2]
+# `sidestep doctor` in 600 MiB of address space: room for a real configuration, none for
+# a file read whole when it never ends
+BOUNDED = (
+    "import resource, runpy, sys; "
+    "resource.setrlimit(resource.RLIMIT_AS, (600 * 2**20, 600 * 2**20)); "
+    "sys.argv = ['sidestep', *sys.argv[1:]]; "
+    "runpy.run_module('sidestep', run_name='__main__')"
+)
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/urandom"])
+def test_a_configuration_path_that_never_ends_is_a_config_error(tmp_path: Path, path: str) -> None:
+    """Pointed at a file that never ends (a device, an endless stream), doctor reads no more than a configuration could ever be and exits 2 with one line naming the file, never a MemoryError traceback; in the same bounded memory a real configuration is checked (exit 0)."""
+    good = tmp_path / "good.yaml"
+    good.write_text("routes: []\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    for config, expected in ((str(good), 0), (path, 2)):
+        done = subprocess.run(  # noqa: S603  # our own interpreter and module
+            [sys.executable, "-c", BOUNDED, "doctor", "-c", config],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+        assert done.returncode == expected, (config, done.stderr[-500:])
+        assert "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and path in done.stderr

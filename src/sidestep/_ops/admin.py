@@ -138,9 +138,12 @@ def _limit(given: str | None) -> int | None:
     """The rows a page holds: ``?limit=`` (at most `MAX_PAGE`), else `MAX_PAGE`; None if invalid."""
     if given is None:
         return MAX_PAGE
-    if not given.isascii() or not given.isdigit() or int(given) < 1:
+    if not given.isascii() or not given.isdigit():
         return None
-    return min(int(given), MAX_PAGE)
+    digits = given.lstrip("0")
+    if len(digits) > len(str(MAX_PAGE)):  # past MAX_PAGE, however many digits (no int() of them)
+        return MAX_PAGE
+    return min(int(digits), MAX_PAGE) if digits else None
 
 
 def _json(status: int, payload: object, extra: Sequence[tuple[str, str]] = ()) -> Answer:

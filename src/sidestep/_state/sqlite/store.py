@@ -290,7 +290,19 @@ class SqliteStore(FileView):
         wall = self._wall(now)
         with self._tx.mutex:
             items = list(self._state.entries.items())
-        return [replace(status_of(key, c), retry_at=c.retry_at - wall + now) for key, c in items]
+        # the file's instants are on the wall clock: both moved to the caller's
+        statuses = []
+        for key, c in items:
+            status = status_of(key, c)
+            opened = status.opened_at
+            statuses.append(
+                replace(
+                    status,
+                    retry_at=c.retry_at - wall + now,
+                    opened_at=None if opened is None else opened - wall + now,
+                )
+            )
+        return statuses
 
     def clear(self, scope_id: str) -> bool:
         local = self._failopen.fallback.clear(scope_id)  # the local store may hold it too
