@@ -18,7 +18,12 @@ from typing import Any
 from .._common.errors import ConfigError
 from .._settings.config import Config, _validate
 from .._settings.values import SidestepConfigWarning
-from .._settings.yaml_document import _interpolate, _parse_yaml, _UnresolvedReference
+from .._settings.yaml_document import (
+    _interpolate,
+    _parse_yaml,
+    _UnresolvedReference,
+    read_document,
+)
 
 __all__ = ["load_leniently", "store_url_unset", "unset_variables"]
 
@@ -31,14 +36,7 @@ _UNSET_VALUE = "unset-placeholder"
 def load_leniently(path: str) -> tuple[Config, list[str], list[str]]:
     """The configuration, with unset ``${VAR}``s standing in as placeholders; those names;
     the configuration's own warnings."""
-    try:
-        with open(path, encoding="utf-8") as file:
-            text = file.read()
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: the file is not valid UTF-8") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the file ({exc.strerror or 'error'})") from None
-    data = _parse_yaml(text, path) or {}
+    data = _parse_yaml(read_document(path), path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of settings")
     unset = unset_variables(data)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -27,7 +26,7 @@ from .policies import BreakerPolicy, FailoverPolicy, Suspensions
 from .routes import Route
 from .stores import StoreSettings
 from .values import Model, refuse_duplicates
-from .yaml_document import _interpolate, _parse_yaml, _UnresolvedReference
+from .yaml_document import _interpolate, _parse_yaml, _UnresolvedReference, read_document
 
 __all__ = ["Config", "as_config", "load_config"]
 
@@ -98,13 +97,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             never a value.
     """
     source = os.fspath(path)
-    try:
-        text = Path(source).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source}: the file is not valid UTF-8") from None
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the file ({exc.strerror or 'error'})") from None
-    data = _parse_yaml(text, source)
+    data = _parse_yaml(read_document(source), source)
     if data is None:  # an empty file, or only comments: every default
         data = {}
     if not isinstance(data, dict):

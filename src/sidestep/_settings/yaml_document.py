@@ -17,7 +17,32 @@ import yaml
 
 from .._common.errors import ConfigError
 
-__all__ = ["_UnresolvedReference", "_interpolate", "_parse_yaml"]
+__all__ = ["_UnresolvedReference", "_interpolate", "_parse_yaml", "read_document"]
+
+# A configuration is a few kilobytes; past this, it is not one (a device, a stream).
+MAX_BYTES = 4 * 2**20
+
+
+def read_document(source: str) -> str:
+    """The text of the file at `source`, read no further than `MAX_BYTES`.
+
+    Raises:
+        ConfigError: the file cannot be read, is not UTF-8 or is larger than
+            `MAX_BYTES` (an endless file, ``/dev/zero``, is never read whole).
+    """
+    try:
+        with open(source, "rb") as file:
+            raw = file.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the file ({exc.strerror or 'error'})") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(
+            f"{source}: larger than {MAX_BYTES // 2**20} MiB, which no configuration is"
+        )
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source}: the file is not valid UTF-8") from None
 
 
 # A configuration nests a handful of levels; PyYAML composes nodes recursively, so a
@@ -34,6 +59,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     last, and a document nested deeper than `_MAX_DEPTH`."""
 
     _depth = 0
+    at: Any = None  # the mark of the node last constructed: where a value failed
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        self.at = node.start_mark
+        return super().construct_object(node, deep)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._depth += 1
@@ -87,6 +117,16 @@ def _parse_yaml(text: str, source: str) -> object:
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from None
     except yaml.YAMLError:
         raise ConfigError(f"{source}: invalid YAML (an unacceptable character)") from None
+    except ConfigError:
+        raise  # (a ValueError too)
+    except (ValueError, KeyError, AttributeError, TypeError, OverflowError):
+        # a scalar its tag or form cannot stand for (5,000 digits, 2024-02-30,
+        # ``!!int three``): the constructor's message may repeat the text, never shown
+        mark = None if loader is None else loader.at
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            f"{source}: invalid YAML{where}: a value its tag or form cannot stand for"
+        ) from None
     except (_TooDeep, RecursionError):
         raise ConfigError(
             f"{source}: the document is nested more than {_MAX_DEPTH} levels deep"

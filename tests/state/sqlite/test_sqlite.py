@@ -155,6 +155,25 @@ def test_a_file_of_the_layout_before_the_routed_mark_keeps_its_scopes_spared_as_
     conn.close()
 
 
+def test_an_unchanged_scope_lists_at_the_same_instants_whatever_the_delay_before_listing(
+    tmp_path: Path,
+) -> None:
+    """Listings of an unchanged open scope, each with the caller's clock read up to 0.3 s before the store reads the wall clock (a loaded machine's delay), put its window at the same instants every time (an admin listing's tag follows them); a caller's clock stepped by 5 s is followed."""
+    store = SqliteStore(tmp_path / "s.db")
+    open_scope(store, time.monotonic())
+    seen = set()
+    for late in (0.0, 0.3, 0.1, 0.0, 0.2, 0.3, 0.1):
+        (status,) = store.snapshot(time.monotonic() - late)
+        assert status.state is State.OPEN and status.opened_at is not None
+        seen.add((status.retry_at, status.opened_at))
+    assert len(seen) == 1
+    ((retry_at, opened_at),) = seen
+    assert retry_at - opened_at == pytest.approx(600.0)
+    (status,) = store.snapshot(time.monotonic() + 5.0)
+    assert status.retry_at == pytest.approx(retry_at + 5.0, abs=0.5)
+    store.close()
+
+
 def test_the_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
     """The file keeps the fingerprint key: the store creates it with mode 0600."""
     SqliteStore(tmp_path / "s.db")

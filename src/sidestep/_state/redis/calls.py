@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ..._answers.classify import Kind, Verdict
 from ..._common.scopes import ScopeFacts, ScopeKey, ScopeKind
 from ..circuit import State
+from ..offset import ClockOffset
 from ..protocol import Admission, Refusal, ScopeStatus, Ticket, Transition
 from ..steps import verdict_keys
 from .keys import anchor, origin_hash
@@ -44,10 +45,6 @@ _HEALTHY, _NEED_KEYS, _ADMITTED, _REFUSED = 0, 1, 2, 3
 # Origins seen unhealthy are remembered so their admissions carry the scope keys
 # in the first round trip; more than this and the memory starts afresh.
 _MAX_HOT = 1024
-# How far a server's clock, less ours, may stray from the offset kept before it is
-# measured afresh (`Calls.shift`): more than a loaded machine's jitter between
-# reading its clock and the server reading its own, and a listing shows whole seconds.
-_DRIFT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,8 +109,9 @@ class Calls:
         self.caller_clock = False
         self.hot: dict[str, None] = {}
         self.mirror: Mirror | None = None  # set by a store that keeps one
-        # The server's clock less this process's, as a listing last learned it.
-        self.offset: float | None = None
+        # The server's clock less this process's, steady between listings: an unchanged
+        # scope lists at the same instants (see `ClockOffset`).
+        self.offset = ClockOffset()
 
     def admit(
         self,
@@ -279,7 +277,7 @@ class Calls:
         replies = yield from self._rows("snapshot", now)
         statuses = []
         for server_now, rows in replies:
-            shift = self.shift(float(server_now) - now)
+            shift = self.offset(float(server_now) - now)
             for sid, kind, origin, credential, model, state, reason, failures, r, w, _ in rows:
                 s = State(state)
                 until = float(r) - shift
@@ -298,20 +296,6 @@ class Calls:
                     )
                 )
         return statuses
-
-    def shift(self, offset: float) -> float:
-        """What to take off a server's instants to put them on this process's clock, given
-        `offset` (its clock less ours) as one reply measured it.
-
-        The offset is kept while each measure is within `_DRIFT` of it, so a scope
-        unchanged between two listings has the same instants in both: a new offset each
-        read would move them by the round trip's jitter (and a listing's tag with them).
-        A measure further off (the clocks drifted apart, or a node of a cluster whose
-        clock is) is kept instead.
-        """
-        if self.offset is None or abs(offset - self.offset) > _DRIFT:
-            self.offset = offset
-        return self.offset
 
     def count(self) -> Steps[int]:
         return sum(int(n) for n in (yield from self._rows("count", 0.0)))

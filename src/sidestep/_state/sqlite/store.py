@@ -30,6 +30,7 @@ from ..._common.scopes import ScopeFacts, ScopeKey
 from ..failopen import FailOpen, LocalTicket
 from ..kept import Origin
 from ..memory import DEFAULT_MAX_SCOPES
+from ..offset import ClockOffset
 from ..protocol import Admission, Refusal, ScopeStatus, Ticket, Transition
 from ..statuses import status_of
 from .loop import Worker, admit_in_thread
@@ -127,6 +128,7 @@ class SqliteStore(FileView):
             failopen=failopen,
         )
         self._default_lease = probe_lease or DEFAULT_PROBE_LEASE
+        self._offset = ClockOffset()  # the wall clock less the caller's, for listings
         self._worker = Worker(self)
         try:
             self._connection()
@@ -287,10 +289,11 @@ class SqliteStore(FileView):
             return fo.fallback.snapshot(now)
         if not self._poll(wait=True):
             return fo.fallback.snapshot(now)
-        wall = self._wall(now)
+        # the file's instants are on the wall clock: moved to the caller's by an offset
+        # kept steady, so an unchanged scope lists at the same instants every time
+        shift = self._offset(self._wall(now) - now)
         with self._tx.mutex:
             items = list(self._state.entries.items())
-        # the file's instants are on the wall clock: both moved to the caller's
         statuses = []
         for key, c in items:
             status = status_of(key, c)
@@ -298,8 +301,8 @@ class SqliteStore(FileView):
             statuses.append(
                 replace(
                     status,
-                    retry_at=c.retry_at - wall + now,
-                    opened_at=None if opened is None else opened - wall + now,
+                    retry_at=c.retry_at - shift,
+                    opened_at=None if opened is None else opened - shift,
                 )
             )
         return statuses
