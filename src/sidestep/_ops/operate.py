@@ -188,8 +188,8 @@ def _in_clear(url: str) -> bool:
         return False  # no URL at all: the request fails before anything is sent
     if parts.scheme.lower() != "http":
         return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return False
+    if host == "localhost":
+        return False  # (a name under .localhost may still be looked up in DNS: it warns)
     try:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:
