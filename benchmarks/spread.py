@@ -147,8 +147,14 @@ def lineup(
 
 
 async def play(servers: Deployments, line: Lineup, drive: Drive) -> dict[str, Run]:
-    """Each ready contender's run, one after the other."""
-    return {name: await measure(servers, build, drive) for name, build in line.ready.items()}
+    """Each ready contender's run, one after the other; one that fails is listed with why."""
+    runs = {}
+    for name, build in line.ready.items():
+        try:
+            runs[name] = await measure(servers, build, drive)
+        except Exception as exc:  # the others still run; the table says what went wrong
+            line.absent[name] = f"could not run: {type(exc).__name__}: {exc}"[:160]
+    return runs
 
 
 # -- rows ------------------------------------------------------------------------------------
