@@ -130,6 +130,65 @@ def missing(modules: Iterable[str]) -> str | None:
 # -- upstreams in a child process --------------------------------------------------------
 
 
+class Child:
+    """A process of servers that the parent drives with (command, argument) messages over a pipe.
+
+    `target(conn, *args)` runs in the child: it starts its servers, sends one
+    message saying where they listen, then answers commands (`obey`) until
+    told to stop. `what` names the process in errors.
+    """
+
+    def __init__(self, target: Callable[..., None], args: tuple[Any, ...], what: str) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=target, args=(child, *args), daemon=True)
+        self._what = what
+
+    def start(self) -> Any:
+        """Start the process; what it sent once its servers listen."""
+        self._process.start()
+        if not self._conn.poll(60):
+            self._process.kill()
+            raise RuntimeError(f"{self._what} did not start")
+        return self._conn.recv()
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self._conn.send(("stop", None))
+            self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+    def ask(self, command: str, argument: Any) -> Any:
+        self._conn.send((command, argument))
+        if not self._conn.poll(10):
+            raise RuntimeError(f"{self._what} stopped answering")
+        return self._conn.recv()
+
+
+async def obey(conn: Connection, handle: Callable[[str, Any], Any]) -> None:
+    """In the child: answer each command with `handle(command, argument)` until "stop" (or EOF)."""
+    loop = asyncio.get_running_loop()
+    stopped = loop.create_future()
+
+    def command() -> None:
+        try:
+            name, argument = conn.recv()
+        except EOFError:
+            name, argument = "stop", None
+        if name != "stop":
+            conn.send(handle(name, argument))
+        elif not stopped.done():
+            stopped.set_result(None)
+
+    loop.add_reader(conn.fileno(), command)
+    try:
+        await stopped
+    finally:
+        loop.remove_reader(conn.fileno())
+
+
 class Upstreams:
     """`LocalUpstream` servers run by a child process, so the client measured keeps a core.
 
@@ -139,42 +198,24 @@ class Upstreams:
     """
 
     def __init__(self, specs: Mapping[str, tuple[Mode, float]]) -> None:
-        self._specs = dict(specs)
         self.urls: dict[str, str] = {}
-        context = multiprocessing.get_context("spawn")
-        self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, self._specs), daemon=True)
+        self._child = Child(_serve, (dict(specs),), "the upstream process")
 
     def __enter__(self) -> Upstreams:
-        self._process.start()
-        if not self._conn.poll(30):
-            self._process.kill()
-            raise RuntimeError("the upstream process did not start")
-        ports: dict[str, int] = self._conn.recv()
+        ports: dict[str, int] = self._child.start()
         self.urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._process.is_alive():
-            self._conn.send(("stop", None))
-            self._process.join(5)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
+        self._child.stop()
 
     def reset(self, down_for: Mapping[str, float] | None = None) -> None:
         """Zero the counts; each named flapping upstream goes down for that many seconds."""
-        self._ask("reset", dict(down_for or {}))
+        self._child.ask("reset", dict(down_for or {}))
 
     def stats(self) -> dict[str, dict[str, Any]]:
-        result: dict[str, dict[str, Any]] = self._ask("stats", None)
+        result: dict[str, dict[str, Any]] = self._child.ask("stats", None)
         return result
-
-    def _ask(self, command: str, argument: Any) -> Any:
-        self._conn.send((command, argument))
-        if not self._conn.poll(10):
-            raise RuntimeError("the upstream process stopped answering")
-        return self._conn.recv()
 
 
 def _serve(conn: Connection, specs: dict[str, tuple[Mode, float]]) -> None:
@@ -187,29 +228,18 @@ async def _serve_async(conn: Connection, specs: dict[str, tuple[Mode, float]]) -
     }
     for server in servers.values():
         await server.start()
-    loop = asyncio.get_running_loop()
-    stopped = loop.create_future()
 
-    def command() -> None:
-        try:
-            name, argument = conn.recv()
-        except EOFError:
-            name, argument = "stop", None
-        if name == "reset":
+    def handle(command: str, argument: Any) -> Any:
+        if command == "reset":
             for key, server in servers.items():
                 server.reset(down_for=argument.get(key, 0.0))
-            conn.send(None)
-        elif name == "stats":
-            conn.send({key: _stats(server) for key, server in servers.items()})
-        elif not stopped.done():
-            stopped.set_result(None)
+            return None
+        return {key: _stats(server) for key, server in servers.items()}
 
-    loop.add_reader(conn.fileno(), command)
     conn.send({name: server.port for name, server in servers.items()})
     try:
-        await stopped
+        await obey(conn, handle)
     finally:
-        loop.remove_reader(conn.fileno())
         for server in servers.values():
             await server.stop()
 

@@ -39,6 +39,7 @@ SCENARIOS = (
     "sqlite_store",
     "first_token",
     "admin_listing",
+    "spread",
 )
 Row = dict[str, Any]
 

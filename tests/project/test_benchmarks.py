@@ -111,3 +111,18 @@ def test_runner_prints_a_table_for_one_scenario(
     assert "cores" in out and "Python" in out
     assert "## scale" in out and "| bytes per scope" in out
     assert "## targets" in out and ("PASS" in out or "FAIL" in out)
+
+
+def test_spread_without_litellm_says_so(
+    runner: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With LiteLLM not importable, the spread scenario still measures sidestep and lists LiteLLM as skipped in each case it would have run in."""
+    spread = importlib.import_module("spread")
+    monkeypatch.setitem(sys.modules, "litellm", None)  # makes `import litellm` fail
+    monkeypatch.setattr(spread, "CASES", (spread.weights,))  # one case is enough, and short
+    rows = runner.run_scenario("spread", quick=True)
+    _check(rows, "spread")
+    skipped = [r for r in rows if r["metric"] == "weights: LiteLLM: skipped"]
+    assert len(skipped) == 1 and "pip install" in str(skipped[0]["note"])
+    assert not any("LiteLLM" in str(r.get("subject", "")) for r in rows)
+    assert any(r.get("subject") == "weights: sidestep ranked route" for r in rows)
