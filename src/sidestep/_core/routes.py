@@ -22,12 +22,14 @@ from .._common.scopes import (
     is_credential,
     origin_key,
 )
+from .members import Member
+from .pools import Pool, pool_of
 from .provider_state import StateRules
 
 if TYPE_CHECKING:
     from .._settings.config import Config
     from .._settings.policies import FailoverPolicy
-    from .._settings.routes import Route
+    from .._settings.routes import Affinity, Route
 
 __all__ = [
     "Candidates",
@@ -124,6 +126,9 @@ class CompiledRoute:
     # its headers
     plain: bool = False
     state: StateRules | None = None  # which requests name state kept by one provider
+    # A pooled route's pools (None: a ranked route), and its affinity key, if any.
+    pool: Pool | None = field(default=None, compare=False)
+    affinity: Affinity | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +162,14 @@ class Candidates:
     # names such state, so the body need not be looked at.
     others: frozenset[int] = frozenset()
     pinned: bool = False
+    # A pooled route's: the pools (`Core.decide` gives each request its own order of
+    # them) and the candidates of each order met so far (`spreading`); and, for those
+    # of one order, each candidate's pool member (its in-flight count, latency, limits).
+    pool: Pool | None = field(default=None, compare=False, repr=False)
+    variants: dict[tuple[int, ...], Candidates] | None = field(
+        default=None, compare=False, repr=False
+    )
+    members: tuple[Member, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -199,6 +212,8 @@ class Candidates:
             ),
             others,
             pinned,
+            None if route is None else route.pool,
+            None if route is None or route.pool is None else {},
         )
 
 
@@ -331,6 +346,8 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
             paths=route.provider_state.paths,
             fields=route.provider_state.fields,
         ),
+        pool=pool_of(route),
+        affinity=route.affinity,
     )
 
 
