@@ -35,7 +35,7 @@ from .affinity import rendezvous, seed
 from .members import Member
 
 if TYPE_CHECKING:
-    from .._settings.routes import Route
+    from .._settings.routes import Affinity, Route
 
 __all__ = ["TABLED", "Pool", "pool_of"]
 
@@ -109,6 +109,7 @@ def pool_of(route: Route) -> Pool | None:
         [t.name for t in route.targets],
         [t.tier for t in route.targets],
         [t.weight for t in route.targets],
+        route.affinity,
     )
 
 
@@ -122,6 +123,7 @@ class Pool:
         "_one",
         "_tiers",
         "_weighted",
+        "affinity",
         "balance",
         "limited",
         "members",
@@ -136,8 +138,10 @@ class Pool:
         names: Sequence[str],
         tiers: Sequence[int | None],
         weights: Sequence[float | None],
+        affinity: Affinity | None = None,
     ) -> None:
         self.balance = balance
+        self.affinity = affinity  # the key that ranks a request's members, if any
         self.tier_of: tuple[int, ...] = tuple(0 if t is None else t for t in tiers)
         levels = sorted(set(self.tier_of))
         self.tiers: tuple[Order, ...] = tuple(

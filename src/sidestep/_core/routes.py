@@ -29,7 +29,7 @@ from .provider_state import StateRules
 if TYPE_CHECKING:
     from .._settings.config import Config
     from .._settings.policies import FailoverPolicy
-    from .._settings.routes import Affinity, Route
+    from .._settings.routes import Route
 
 __all__ = [
     "Candidates",
@@ -126,9 +126,7 @@ class CompiledRoute:
     # its headers
     plain: bool = False
     state: StateRules | None = None  # which requests name state kept by one provider
-    # A pooled route's pools (None: a ranked route), and its affinity key, if any.
-    pool: Pool | None = field(default=None, compare=False)
-    affinity: Affinity | None = None
+    pool: Pool | None = field(default=None, compare=False)  # None: a ranked route
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,13 +160,10 @@ class Candidates:
     # names such state, so the body need not be looked at.
     others: frozenset[int] = frozenset()
     pinned: bool = False
-    # A pooled route's: the pools (`Core.decide` gives each request its own order of
-    # them) and the candidates of each order met so far (`spreading`); and, for those
-    # of one order, each candidate's pool member (its in-flight count, latency, limits).
+    # A pooled route's pools, the candidates of each order met so far (`spreading`), and
+    # in those of one order each candidate's member (in flight, latency, rate limits).
     pool: Pool | None = field(default=None, compare=False, repr=False)
-    variants: dict[tuple[int, ...], Candidates] | None = field(
-        default=None, compare=False, repr=False
-    )
+    variants: dict[tuple[int, ...], Candidates] | None = field(default=None, compare=False)
     members: tuple[Member, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
@@ -185,7 +180,7 @@ class Candidates:
         """The candidates, with what follows from them (`others`: the candidates on
         another provider account than the first, kept if the route's rules may hold
         requests to `rest` there)."""
-        name = None if route is None else route.name
+        name, pool = (None, None) if route is None else (route.name, route.pool)
         quick = plain(policy) if route is None else route.plain
         state = None if route is None else route.state
         pinned = False
@@ -212,8 +207,8 @@ class Candidates:
             ),
             others,
             pinned,
-            None if route is None else route.pool,
-            None if route is None or route.pool is None else {},
+            pool,
+            None if pool is None else {},
         )
 
 
@@ -347,7 +342,6 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
             fields=route.provider_state.fields,
         ),
         pool=pool_of(route),
-        affinity=route.affinity,
     )
 
 

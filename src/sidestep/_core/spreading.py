@@ -54,8 +54,8 @@ class Spreading(CoreState):
             order, balance = _RANKED_KEY, _RANKED
         else:
             key = None
-            if route.affinity is not None:
-                key = key_of(route.affinity, request.headers, content)
+            if pool.affinity is not None:
+                key = key_of(pool.affinity, request.headers, content)
             now = self.clock() if pool.limited or pool.balance == "latency" else 0.0
             order = pool.order(self._random, now, key)
             balance = pool.balance
