@@ -281,3 +281,19 @@ def test_latency_moves_share_away_from_a_slow_member_and_back(
     texts = [d.get(a.url + "/v1/chat").text for _ in range(100)]
     assert texts.count("a") >= 30
     assert in_flight(d) == [0, 0]
+
+
+def test_transports_over_one_configuration_share_their_members(a: Upstream, b: Upstream) -> None:
+    """Two transports built from the same route count on the same members (per process),
+    so one's attempts in flight steer the other's picks; another key makes another member."""
+    config = pooled(("a", a, {}), ("b", b, {}), balance="least_in_flight", breaker={})
+    keyed = {"headers": {"authorization": "Bearer another"}}
+    other = pooled(("a", a, keyed), ("b", b, {}), balance="least_in_flight", breaker={})
+    transports = [sidestep.FailoverTransport(c) for c in (config, config, other)]
+    pools = [t._core.router.routes["chat"].pool for t in transports]
+    assert pools[0] is not None and pools[1] is not None and pools[2] is not None
+    assert all(x is y for x, y in zip(pools[0].members, pools[1].members, strict=True))
+    assert pools[2].members[0] is not pools[0].members[0]
+    assert pools[2].members[1] is pools[0].members[1]
+    for t in transports:
+        t.close()

@@ -1,37 +1,66 @@
 """What one process knows of each pool member: its attempts in flight, how fast it
 answers, and how much of its rate limits it has left.
 
-Kept per transport, in memory, never in the store: another process has its
-own. In-flight attempts are a set of the requests (`Run`) being sent to the
-member, added as an attempt goes and discarded at its verdict: adding and
-discarding are single operations on a set, so threads racing cannot lose
-one, and a request discarded twice or never added changes nothing, so the
-count cannot drift. Latency is a peak-sensitive moving average of the time to
-first byte (Finagle's and Linkerd's *peak EWMA*): a slower sample is taken at
-once, and the estimate decays exponentially (time constant `DECAY`) toward the
-faster samples that follow, or toward zero with none, so an idle slow member
-is tried again and its recovery seen. Headroom is the latest rate limits the member announced
-(`_answers.headroom`), refilled over time, less what was sent since.
+Kept in memory, one per process for each route's target (`shared`: every
+transport over the same configuration counts on the same members), never in
+the store: another process has its own. In-flight attempts are a set of the
+requests being sent to the member, added as an attempt goes and discarded at
+its verdict: adding and discarding are single operations on a set, so threads
+racing cannot lose one, and a request discarded twice or never added changes
+nothing, so the count cannot drift. Latency is a peak-sensitive moving
+average of the time to first byte (Finagle's and Linkerd's *peak EWMA*): a
+slower sample is taken at once, and the estimate decays exponentially (time
+constant `DECAY`) toward the faster samples that follow, or toward zero with
+none, so an idle slow member is tried again and its recovery seen. Headroom
+is the latest rate limits the member announced (`_answers.headroom`),
+refilled over time, less what was sent since.
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
 from .._answers.headroom import SIGNS, Bucket, announced, has_room
 
-__all__ = ["DECAY", "Member"]
+__all__ = ["DECAY", "Member", "shared"]
 
 # Seconds over which the latency estimate forgets a sample (the time constant).
 DECAY = 10.0
+
+# The process's members, by what makes a target the same upstream (`shared`); a member
+# goes when no route holds it any more.
+_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], Member] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(key: tuple[Any, ...], name: str, weight: float) -> Member:
+    """The process's member for `key` (made on first use): transports built from the same
+    route see one another's attempts in flight, latency and rate limits."""
+    with _SHARED_LOCK:
+        member = _SHARED.get(key)
+        if member is None:
+            member = _SHARED[key] = Member(name, weight)
+        return member
 
 
 class Member:
     """One pool member's in-flight attempts, latency and announced rate limits."""
 
-    __slots__ = ("buckets", "flying", "latency", "name", "seen_at", "sent", "stamp", "weight")
+    __slots__ = (
+        "__weakref__",
+        "buckets",
+        "flying",
+        "latency",
+        "name",
+        "seen_at",
+        "sent",
+        "stamp",
+        "weight",
+    )
 
     def __init__(self, name: str, weight: float) -> None:
         self.name = name

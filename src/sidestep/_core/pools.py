@@ -28,11 +28,11 @@ from __future__ import annotations
 import itertools
 from bisect import bisect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._settings.routes import DEFAULT_BALANCE
 from .affinity import rendezvous, seed
-from .members import Member
+from .members import Member, shared
 
 if TYPE_CHECKING:
     from .._settings.routes import Affinity, Route
@@ -110,6 +110,7 @@ def pool_of(route: Route) -> Pool | None:
         [t.tier for t in route.targets],
         [t.weight for t in route.targets],
         route.affinity,
+        [(route.name, t.name, t.url, seed(repr(sorted(t.headers.items())))) for t in route.targets],
     )
 
 
@@ -139,6 +140,7 @@ class Pool:
         tiers: Sequence[int | None],
         weights: Sequence[float | None],
         affinity: Affinity | None = None,
+        keys: Sequence[tuple[Any, ...]] | None = None,
     ) -> None:
         self.balance = balance
         self.affinity = affinity  # the key that ranks a request's members, if any
@@ -155,7 +157,11 @@ class Pool:
                 w = weights[i]
                 filled[i] = mean if w is None else w  # no weight: its pool's mean
         self.weights = filled
-        self.members = tuple(Member(name, w) for name, w in zip(names, filled, strict=True))
+        # each position's member: the process's for its key (`members.shared`), if given
+        self.members = tuple(
+            Member(name, w) if keys is None else shared((*keys[i], w), name, w)
+            for i, (name, w) in enumerate(zip(names, filled, strict=True))
+        )
         self._tiers = tuple(
             _Tier(tier, [filled[i] for i in tier], [names[i] for i in tier]) for tier in self.tiers
         )
