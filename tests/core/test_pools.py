@@ -198,13 +198,13 @@ def test_an_answer_without_limits_keeps_the_ones_known() -> None:
 
 
 def keyed(p: Pool, key: str) -> tuple[int, ...]:
-    return p.order(random.Random(0).random, 0.0, seed(key))
+    return p.order(random.Random(0).random, 0.0, key)
 
 
 def test_affinity_keeps_a_key_on_one_member() -> None:
     """The same key always gives the same order, whatever the random numbers."""
     p = pool("least_in_flight", ("a", None, None), ("b", None, None), ("c", None, None))
-    orders = {p.order(random.Random(n).random, 0.0, seed("conversation-1")) for n in range(50)}
+    orders = {p.order(random.Random(n).random, 0.0, "conversation-1") for n in range(50)}
     assert len(orders) == 1
     firsts_ = Counter(keyed(p, f"k{n}")[0] for n in range(3000))
     assert all(900 < count < 1100 for count in firsts_.values())
@@ -254,11 +254,11 @@ def chat(system: str, *turns: str, **extra: Any) -> bytes:
 def test_affinity_keys_come_from_a_header_a_field_or_the_prompt() -> None:
     """A header's value, a JSON field, or the prompt's prefix is the key; none means no key."""
     headers = httpx.Headers({"x-session-id": "s1"})
-    assert key_of(Affinity(header="x-session-id"), headers, None) == seed("s1")
+    assert key_of(Affinity(header="x-session-id"), headers, None) == "s1"
     assert key_of(Affinity(header="x-other"), headers, None) is None
     by_user = Affinity(json="user")
-    assert key_of(by_user, headers, b'{"user": "u7"}') == seed("u7")
-    assert key_of(by_user, headers, b'{"user": 42}') == seed("42")
+    assert key_of(by_user, headers, b'{"user": "u7"}') == "u7"
+    assert key_of(by_user, headers, b'{"user": 42}') == "42"
     assert key_of(by_user, headers, b'{"user": true}') is None
     assert key_of(by_user, headers, b'{"model": "m"}') is None
     assert key_of(by_user, headers, b"not json") is None

@@ -4,7 +4,8 @@ A route's `affinity` names where a request's key is: a header's value, a
 top-level JSON body field (a string or a number), or the first characters
 of the JSON encoding of the prompt (`system` and `messages`, else `input`,
 else `prompt`), which is what providers' prompt caches match on. The key is
-hashed once per request (BLAKE2b, the same in every process); each member's
+hashed (BLAKE2b, the same in every process), and the order it gives each
+pool remembered (bounded); each member's
 score is then weighted rendezvous hashing's ``-weight / ln(u)``, with `u`
 drawn from the key's hash mixed with the member's own: the members rank by
 score, highest first. A member's loss moves only the keys it ranked first,
@@ -50,8 +51,8 @@ def rendezvous(
     return tuple(position for _, position in scored)
 
 
-def key_of(affinity: Any, headers: Any, body: bytes | None) -> int | None:
-    """The hashed affinity key of a request (None: it carries none, and is spread)."""
+def key_of(affinity: Any, headers: Any, body: bytes | None) -> str | None:
+    """The affinity key of a request (None: it carries none, and is spread)."""
     text: str | None = None
     if affinity.header is not None:
         text = headers.get(affinity.header)
@@ -60,7 +61,7 @@ def key_of(affinity: Any, headers: Any, body: bytes | None) -> int | None:
             text = _field(body, affinity.json_field)
         else:
             text = _prompt(body, affinity.prefix)
-    return None if not text else seed(text)
+    return text or None
 
 
 def _document(body: bytes) -> dict[str, Any] | None:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .._settings.routes import DEFAULT_BALANCE
 from .affinity import rendezvous, seed
 from .members import Member, shared
+from .memories import remember
 
 if TYPE_CHECKING:
     from .._settings.routes import Affinity, Route
@@ -52,12 +53,23 @@ Random = Callable[[], float]
 class _Tier:
     """One pool: its positions, weights, and the table its orders are drawn from."""
 
-    __slots__ = ("cumulative", "orders", "positions", "seeds", "total", "uniform", "weights")
+    __slots__ = (
+        "cumulative",
+        "orders",
+        "positions",
+        "ranks",
+        "seeds",
+        "total",
+        "uniform",
+        "weights",
+    )
 
     def __init__(self, positions: Order, weights: list[float], names: list[str]) -> None:
         self.positions = positions
         self.weights = weights
         self.seeds = [seed(name) for name in names]
+        # the hashes of the affinity keys met, and the order each gives (no key is kept)
+        self.ranks: dict[int, Order] = {}
         self.total = 0.0
         self.cumulative: list[float] = []
         self.orders: list[Order] = []
@@ -88,6 +100,14 @@ class _Tier:
                     out.append(self.positions[left.pop(k)])
                     break
         return tuple(out)
+
+    def ranked(self, hashed: int) -> Order:
+        """The order an affinity key hashed to `hashed` gives (rendezvous hashing), remembered."""
+        found = self.ranks.get(hashed)
+        if found is None:
+            found = rendezvous(hashed, self.positions, self.seeds, self.weights)
+            found = remember(self.ranks, hashed, found)
+        return found
 
     def shuffled(self, random: Random) -> Order:
         """A uniformly random order."""
@@ -174,7 +194,7 @@ class Pool:
     def __repr__(self) -> str:
         return f"Pool(balance={self.balance!r}, tiers={self.tiers!r})"
 
-    def order(self, random: Random, now: float, key: int | None = None) -> Order:
+    def order(self, random: Random, now: float, key: str | None = None) -> Order:
         """The order one request tries the route's targets in (positions): each tier's
         members as the strategy, or the affinity `key`, ranks them, tier after tier."""
         one = self._one
@@ -183,12 +203,13 @@ class Pool:
                 return one.weighted(random)
             return self._two_choices(one.shuffled(random), now)
         out: Order = ()
+        hashed = None if key is None else seed(key)
         for tier in self._tiers:
             ranked: Order
             if len(tier.positions) == 1:
                 ranked = tier.positions
-            elif key is not None:
-                ranked = rendezvous(key, tier.positions, tier.seeds, tier.weights)
+            elif hashed is not None:
+                ranked = tier.ranked(hashed)
             elif self.balance == "weighted":
                 ranked = tier.weighted(random)
             else:
