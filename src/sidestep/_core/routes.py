@@ -163,7 +163,7 @@ class Candidates:
     # A pooled route's pools, the candidates of each order met so far (`spreading`), and
     # in those of one order each candidate's member (in flight, latency, rate limits).
     pool: Pool | None = field(default=None, compare=False, repr=False)
-    variants: dict[tuple[int, ...], Candidates] | None = field(default=None, compare=False)
+    variants: dict[Any, Candidates] | None = field(default=None, compare=False, repr=False)
     members: tuple[Member, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
