@@ -60,6 +60,11 @@ def test_priority_is_another_name_for_tier() -> None:
     assert [t.tier for t in pooled.targets] == [0, 1]
 
 
+def test_tier_and_priority_together_are_refused() -> None:
+    """A target giving both names of its tier is refused, not read one way silently."""
+    assert "priority" in refused(target("a", tier=0, priority=1))
+
+
 def test_every_target_needs_a_tier_once_one_has() -> None:
     """A route where some targets have a tier names those without one."""
     shown = refused(target("a", tier=0), target("b"), target("c"))

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BeforeValidator,
     Field,
     field_validator,
@@ -235,7 +236,7 @@ class Target(Model):
     inherit_credentials: bool = False
     # A pooled route's targets of one tier share its load, lower tiers first
     # (`priority` in a file as well); a weight is a member's share within its tier.
-    tier: _Tier | None = Field(None, alias="priority")
+    tier: _Tier | None = Field(None, validation_alias=AliasChoices("tier", "priority"))
     weight: _Weight | None = None
 
     @model_validator(mode="after")
