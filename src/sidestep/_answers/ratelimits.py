@@ -29,6 +29,7 @@ __all__ = [
     "header",
     "parse_duration",
     "reset_after",
+    "reset_in",
     "retry_delay",
     "spent_requests",
 ]
@@ -153,6 +154,12 @@ def retry_delay(document: object) -> float | None:
         if isinstance(kind, str) and kind.endswith(_RETRY_INFO):
             return _bounded(_proto_duration(detail.get("retryDelay")))
     return None
+
+
+def reset_in(value: str, wall_now: float) -> float | None:
+    """Seconds until one reset header's limit resets (a duration or an RFC 3339 time);
+    None when it does not read."""
+    return _reset(value, wall_now)
 
 
 def _reset(value: str, wall_now: float) -> float | None:

@@ -22,6 +22,7 @@ from .effects import Close, Read, Send, Sleep
 from .rebuild import with_extensions
 from .routes import CompiledTarget
 from .run import SUCCESS, Outcome, Run
+from .spreading import answered, landed, member_of, took_off
 from .streaming import asks_to_stream, is_event_stream
 
 __all__ = ["LEASE_MARGIN", "Attempting"]
@@ -84,6 +85,20 @@ class Attempting(Committing):
     def _attempt(
         self, run: Run, target: CompiledTarget, request: Any, ticket: Ticket
     ) -> Generator[Any, Any, Outcome]:
+        """One upstream call (`_exchange`); on a pool member, counted in flight from its
+        send (or `decide`'s) to its verdict, however it ends."""
+        if run.cands.members is None:
+            return (yield from self._exchange(run, target, request, ticket))
+        if run.received is None:
+            took_off(run, member_of(run.cands, target))
+        try:
+            return (yield from self._exchange(run, target, request, ticket))
+        finally:
+            landed(run)
+
+    def _exchange(
+        self, run: Run, target: CompiledTarget, request: Any, ticket: Ticket
+    ) -> Generator[Any, Any, Outcome]:
         """One upstream call: send, then read as far as the verdict needs."""
         deadline = run.deadline
         policy = run.policy
@@ -120,6 +135,9 @@ class Attempting(Committing):
                 response = received
         except Exception as exc:
             return Outcome(self._classify_error(request, exc, run), exc)
+        if run.aloft is not None:  # a pool member's answer: its latency, its rate limits
+            at = self.clock()
+            answered(run.cands, run.aloft, at - run.sent_at, response.headers, at)
         if fb_deadline is not None and not self._exact and self.clock() > fb_deadline + _LATE:
             # A sync shell bounds the wait for the headers by the read timeout, which
             # httpcore arms again for each interim (1xx) response, and separately from

@@ -19,6 +19,7 @@ from .candidates import Candidacy
 from .endings import Endings
 from .routes import Candidates, CompiledTarget
 from .run import Ready, Run
+from .spreading import Spreading, answered, landed, took_off
 from .verdicts import Verdicts
 
 __all__ = ["FastPath", "key_parts"]
@@ -42,7 +43,7 @@ def key_parts(module: Any) -> Callable[[Any], tuple[Any, ...]]:
     return _BY_NAME
 
 
-class FastPath(Candidacy, Endings, Verdicts):
+class FastPath(Candidacy, Endings, Spreading, Verdicts):
     """A request decided without a generator, and a whole success settled."""
 
     # Set by `Core.__init__`.
@@ -80,6 +81,8 @@ class FastPath(Candidacy, Endings, Verdicts):
         cands = self._matched.get(key)  # a look-up per (scheme, host, port, path)
         if cands is None:
             cands = self._match(key, url)
+        if cands.variants is not None:  # a pooled route: this request's own order
+            cands = self._spread(cands, request)
         if self._blocking or not self._fast_path or listening():
             # Every admission is an effect, or someone listens for the request's
             # own events, which start before any admission.
@@ -101,6 +104,8 @@ class FastPath(Candidacy, Endings, Verdicts):
                 # Admitted as the store would admit it (nothing kept for the origin): its
                 # run and ticket are made only if the request leaves the fast path.
                 clock = self.clock  # (an attribute read, then called: cheaper than a method's)
+                if cands.members is not None:
+                    cands.members[0].took_off(request)  # (`_revive` knows it from `cands`)
                 return request, cands, seq, clock(), self.closes
             unhealthy = lane
         run = self._start(request, cands)
@@ -120,6 +125,8 @@ class FastPath(Candidacy, Endings, Verdicts):
                     if index or not cands.direct:
                         self._candidate(run, index, target)
                     run.index, run.seq, run.ready = index, seq, True
+                    if cands.members is not None:
+                        took_off(run, cands.members[index])
                     run.sent_at = self.clock()
                     return run.sent, run, seq, run.sent_at, self.closes
                 now = self.clock()
@@ -155,6 +162,10 @@ class FastPath(Candidacy, Endings, Verdicts):
             if not self._failing and (
                 not self._memory._kept or self._healthy(run.targets[0].origin) is not None
             ):
+                if run.members is not None:  # its attempt on a pool member is over
+                    first, now = run.members[0], self.clock()
+                    first.landed(ready[0])
+                    answered(run, first, now - ready[3], response.headers, now)
                 # nothing kept for its origin now, as at its admission: nothing to record
                 response.extensions["sidestep"] = run.about[0].copy()
                 return response
@@ -162,6 +173,11 @@ class FastPath(Candidacy, Endings, Verdicts):
         run.attempts = run.tried = 1
         index = run.index
         target = run.cands.targets[index]
+        member = run.aloft
+        if member is not None:  # its attempt on a pool member is over
+            landed(run)
+            now = self.clock()
+            answered(run.cands, member, now - run.sent_at, response.headers, now)
         if self._failing or self._healthy(target.origin) is None:
             # something to reset, or kept since: recorded as the general path records it
             try:
@@ -178,6 +194,8 @@ class FastPath(Candidacy, Endings, Verdicts):
         assert isinstance(cands, Candidates)
         run = self._start(request, cands)
         run.seq, run.ready, run.sent_at = seq, True, sent_at
+        if cands.members is not None:
+            run.aloft = cands.members[0]  # counted in flight by `decide`
         return run
 
     def _pending(self, run: Run, target: CompiledTarget) -> Ticket:

@@ -13,6 +13,7 @@ here; the fast decision (`fast_path`), the attempts on one candidate
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 import weakref
@@ -33,6 +34,7 @@ from .flavour import Flavour
 from .rebuild import Rebuilder
 from .routes import Candidates, Router
 from .run import SUCCESS, Outcome, Ready, Run
+from .spreading import landed
 from .watch import Watching
 
 __all__ = ["Core"]
@@ -125,6 +127,7 @@ class Core(FastPath, Attempting, Watching):
         self._own: dict[tuple[str, str, int | None], Candidates] = {}
         self._matched: dict[tuple[str, str, int | None, str], Candidates] = {}
         self._rebuilder = Rebuilder()
+        self._random = random.random  # what pools draw their orders from
         if self.config.observability.enabled:
             enable_configured(self.config.observability)
 
@@ -253,6 +256,7 @@ class Core(FastPath, Attempting, Watching):
             raise self.flavour.timeout_error("sidestep: total_timeout ran out before any attempt")
 
         except BaseException:
+            landed(run)  # an attempt counted in flight never outlives its request
             # Cancelled, or failed, while a failing response was held for the end.
             if run.last is not None and not isinstance(run.last, BaseException):
                 last, run.last = run.last, None

@@ -14,6 +14,7 @@ no I/O, no clock.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -127,6 +128,8 @@ class StateRules:
     paths: tuple[tuple[str, ...], ...]  # the route's own patterns, as segments
     fields: tuple[str, ...]  # the route's own top-level JSON fields
     needles: tuple[bytes, ...]  # the field names as they appear in a JSON body
+    # any needle, in one pass over a body (far quicker than a search per needle)
+    scan: re.Pattern[bytes] | None = None
 
     @classmethod
     def of(cls, *, builtin: bool, paths: Iterable[str], fields: Iterable[str]) -> StateRules | None:
@@ -137,7 +140,8 @@ class StateRules:
             return None
         names = _BUILTIN_NEEDLES if builtin else ()
         needles = tuple(f'"{name}"'.encode() for name in dict.fromkeys((*names, *own_fields)))
-        return cls(builtin, own_paths, own_fields, needles)
+        scan = re.compile(b"|".join(map(re.escape, needles))) if needles else None
+        return cls(builtin, own_paths, own_fields, needles, scan)
 
     @property
     def bodies(self) -> bool:
@@ -164,13 +168,7 @@ class StateRules:
         Only a body holding one of the field names, quoted as JSON writes a
         key, is parsed at all (a name written with escapes is not seen).
         """
-        if not body:
-            return False
-        find = body.find  # (`needle in body` first tries the needle as an int: far slower)
-        for needle in self.needles:
-            if find(needle) >= 0:
-                break
-        else:
+        if not body or self.scan is None or self.scan.search(body) is None:
             return False
         try:
             document = json.loads(body)

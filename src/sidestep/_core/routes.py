@@ -22,6 +22,8 @@ from .._common.scopes import (
     is_credential,
     origin_key,
 )
+from .members import Member
+from .pools import Pool, pool_of
 from .provider_state import StateRules
 
 if TYPE_CHECKING:
@@ -124,6 +126,7 @@ class CompiledRoute:
     # its headers
     plain: bool = False
     state: StateRules | None = None  # which requests name state kept by one provider
+    pool: Pool | None = field(default=None, compare=False)  # None: a ranked route
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,11 @@ class Candidates:
     # names such state, so the body need not be looked at.
     others: frozenset[int] = frozenset()
     pinned: bool = False
+    # A pooled route's pools, the candidates of each order met so far (`spreading`), and
+    # in those of one order each candidate's member (in flight, latency, rate limits).
+    pool: Pool | None = field(default=None, compare=False, repr=False)
+    variants: dict[Any, Candidates] | None = field(default=None, compare=False, repr=False)
+    members: tuple[Member, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -172,7 +180,7 @@ class Candidates:
         """The candidates, with what follows from them (`others`: the candidates on
         another provider account than the first, kept if the route's rules may hold
         requests to `rest` there)."""
-        name = None if route is None else route.name
+        name, pool = (None, None) if route is None else (route.name, route.pool)
         quick = plain(policy) if route is None else route.plain
         state = None if route is None else route.state
         pinned = False
@@ -199,6 +207,8 @@ class Candidates:
             ),
             others,
             pinned,
+            pool,
+            None if pool is None else {},
         )
 
 
@@ -331,6 +341,7 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
             paths=route.provider_state.paths,
             fields=route.provider_state.fields,
         ),
+        pool=pool_of(route),
     )
 
 

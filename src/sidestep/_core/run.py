@@ -23,6 +23,7 @@ from .._state.circuit import State
 from .._state.protocol import Admission, Refusal, StateStore
 from .effects import Clock
 from .flavour import Flavour
+from .members import Member
 from .routes import Candidates, CompiledTarget, Router
 
 if TYPE_CHECKING:
@@ -81,6 +82,8 @@ class Run:
     # whether the request asked for a streamed answer (`streaming`): None until the
     # core first needs to know, which is only when a first_byte_timeout is set
     streams: bool | None = None
+    # the pool member its attempt in flight is counted on (`spreading.took_off`)
+    aloft: Member | None = None
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None

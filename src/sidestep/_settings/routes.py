@@ -1,5 +1,6 @@
 """Routes and their targets: names, URLs and headers checked without ever quoting a
-value, path patterns, the provider state a route keeps to one target.
+value, path patterns, the provider state a route keeps to one target, and the pools
+(tiers, weights, balance, affinity) a route may spread its requests over.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BeforeValidator,
     Field,
     field_validator,
@@ -19,9 +21,14 @@ from pydantic import (
 
 from .._common.scopes import is_credential
 from .policies import FailoverOverrides, FailoverPolicy
-from .values import ByteSize, Model, refuse_duplicates, warn
+from .values import ByteSize, Model, refuse_bool, refuse_duplicates, warn
 
-__all__ = ["ProviderState", "Route", "Target"]
+__all__ = ["BALANCES", "DEFAULT_BALANCE", "Affinity", "Balance", "ProviderState", "Route", "Target"]
+
+Balance = Literal["weighted", "least_in_flight", "latency"]
+BALANCES: tuple[Balance, ...] = ("weighted", "least_in_flight", "latency")
+# The strategy of a pool whose route names none (see docs/pools.md for why).
+DEFAULT_BALANCE: Balance = "latency"
 
 
 # --- names, URLs, headers ------------------------------------------------------------------
@@ -185,6 +192,33 @@ def _provider_state_shorthand(value: object) -> object:
     return value
 
 
+_Tier = Annotated[int, BeforeValidator(refuse_bool), Field(ge=0)]
+_Weight = Annotated[float, BeforeValidator(refuse_bool), Field(gt=0, allow_inf_nan=False)]
+
+
+def _check_header_name(value: object) -> object:
+    if not isinstance(value, str) or not _TOKEN.fullmatch(value):
+        raise ValueError("the affinity header is not a valid HTTP header name")
+    return value.lower()
+
+
+class Affinity(Model):
+    """What keeps a pooled route's related requests on one member: exactly one of a
+    request header's value, a top-level JSON body field, or the first `prefix`
+    characters of the prompt (see `_core.affinity`)."""
+
+    header: Annotated[str, BeforeValidator(_check_header_name)] | None = None
+    json_field: _FieldName | None = Field(None, alias="json")
+    prefix: Annotated[int, BeforeValidator(refuse_bool), Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Affinity:
+        given = [self.header, self.json_field, self.prefix]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError("affinity takes exactly one of header, json or prefix")
+        return self
+
+
 class Target(Model):
     """One upstream of a route: where to send, and what to add to the request.
 
@@ -200,6 +234,10 @@ class Target(Model):
     )
     json_fields: dict[str, Any] = Field(default_factory=dict, alias="json")
     inherit_credentials: bool = False
+    # A pooled route's targets of one tier share its load, lower tiers first
+    # (`priority` in a file as well); a weight is a member's share within its tier.
+    tier: _Tier | None = Field(None, validation_alias=AliasChoices("tier", "priority"))
+    weight: _Weight | None = None
 
     @model_validator(mode="after")
     def _one_source_of_basic_credentials(self) -> Target:
@@ -230,10 +268,19 @@ class Target(Model):
         yield "header_names", list(self.headers)
         yield "json_keys", list(self.json_fields)
         yield "inherit_credentials", self.inherit_credentials
+        if self.tier is not None:
+            yield "tier", self.tier
+        if self.weight is not None:
+            yield "weight", self.weight
 
 
 class Route(Model):
-    """Targets tried in order for requests that match any of them or a `match` prefix."""
+    """Targets tried in order for requests that match any of them or a `match` prefix.
+
+    A route whose targets have tiers, weights, or which sets `balance` or
+    `affinity`, is pooled: each request orders each tier's members its own way
+    (`_core.pools`); any other route is a ranked list.
+    """
 
     name: _Name
     match: list[_HttpUrl] = Field(default_factory=list)
@@ -247,6 +294,9 @@ class Route(Model):
     provider_state: Annotated[ProviderState, BeforeValidator(_provider_state_shorthand)] = Field(
         default_factory=ProviderState
     )
+    # how a pool orders its members (None: `DEFAULT_BALANCE` for a pooled route)
+    balance: Balance | None = None
+    affinity: Affinity | None = None
     targets: list[Target]
 
     @field_validator("targets")
@@ -255,7 +305,22 @@ class Route(Model):
         if not targets:
             raise ValueError("a route needs at least one target")
         refuse_duplicates("target", [t.name for t in targets])
+        with_tier = [t.name for t in targets if t.tier is not None]
+        if with_tier and len(with_tier) != len(targets):
+            missing = ", ".join(repr(t.name) for t in targets if t.tier is None)
+            raise ValueError(
+                f"once one target has a tier, every target needs one; without: {missing}"
+            )
         return targets
+
+    @property
+    def pooled(self) -> bool:
+        """Whether requests are spread over pools, rather than tried in the listed order."""
+        return (
+            self.balance is not None
+            or self.affinity is not None
+            or any(t.tier is not None or t.weight is not None for t in self.targets)
+        )
 
     def policy(self, base: FailoverPolicy) -> FailoverPolicy:
         """The failover policy of this route: `base` with this route's overrides."""

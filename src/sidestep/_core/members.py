@@ -1,0 +1,118 @@
+"""What one process knows of each pool member: its attempts in flight, how fast it
+answers, and how much of its rate limits it has left.
+
+Kept in memory, one per process for each route's target (`shared`: every
+transport over the same configuration counts on the same members), never in
+the store: another process has its own. In-flight attempts are a set of the
+requests being sent to the member, added as an attempt goes and discarded at
+its verdict: adding and discarding are single operations on a set, so threads
+racing cannot lose one, and a request discarded twice or never added changes
+nothing, so the count cannot drift. Latency is a peak-sensitive moving
+average of the time to first byte (Finagle's and Linkerd's *peak EWMA*): a
+slower sample is taken at once, and the estimate decays exponentially (time
+constant `DECAY`) toward the faster samples that follow, or toward zero with
+none, so an idle slow member is tried again and its recovery seen. Headroom
+is the latest rate limits the member announced (`_answers.headroom`),
+refilled over time, less what was sent since.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from .._answers.headroom import SIGNS, Bucket, announced, has_room
+
+__all__ = ["DECAY", "Member", "shared"]
+
+# Seconds over which the latency estimate forgets a sample (the time constant).
+DECAY = 10.0
+
+# The process's members, by what makes a target the same upstream (`shared`); a member
+# goes when no route holds it any more.
+_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], Member] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(key: tuple[Any, ...], name: str, weight: float) -> Member:
+    """The process's member for `key` (made on first use): transports built from the same
+    route see one another's attempts in flight, latency and rate limits."""
+    with _SHARED_LOCK:
+        member = _SHARED.get(key)
+        if member is None:
+            member = _SHARED[key] = Member(name, weight)
+        return member
+
+
+class Member:
+    """One pool member's in-flight attempts, latency and announced rate limits."""
+
+    __slots__ = (
+        "__weakref__",
+        "buckets",
+        "flying",
+        "latency",
+        "name",
+        "seen_at",
+        "sent",
+        "stamp",
+        "weight",
+    )
+
+    def __init__(self, name: str, weight: float) -> None:
+        self.name = name
+        self.weight = weight
+        self.flying: set[Any] = set()  # the requests being sent to it
+        self.latency = -1.0  # the latency estimate at `stamp`, seconds (-1: no sample yet)
+        self.stamp = 0.0
+        self.buckets: tuple[Bucket, ...] = ()  # the rate limits it last announced
+        self.seen_at = 0.0  # when, on the core's clock
+        self.sent = 0  # requests sent to it since
+
+    def __repr__(self) -> str:
+        return (
+            f"Member(name={self.name!r}, weight={self.weight}, in_flight={len(self.flying)},"
+            f" latency={self.latency:.4f})"
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.flying)
+
+    def took_off(self, run: Any) -> None:
+        """An attempt of `run` is being sent to this member."""
+        self.flying.add(run)
+        if self.buckets:
+            self.sent += 1  # (a lost increment is forgotten at the next announcement)
+
+    def landed(self, run: Any) -> None:
+        """`run`'s attempt on this member has its verdict (harmless if it had none in flight)."""
+        self.flying.discard(run)
+
+    def cost(self, now: float) -> float:
+        """The latency estimate at `now`, decayed since its last sample (-1: none yet)."""
+        latency = self.latency
+        if latency <= 0.0:
+            return latency
+        return latency * math.exp((self.stamp - now) / DECAY)
+
+    def sample(self, seconds: float, now: float) -> None:
+        """A time to first byte of `seconds`, measured at `now`: a slower one than the
+        estimate is taken at once; the estimate decays toward faster ones (`cost`)."""
+        self.latency = max(seconds, self.cost(now))
+        self.stamp = now
+
+    def heard(self, headers: Mapping[str, str], now: float, wall_now: float) -> None:
+        """An answer's headers: the rate limits they announce, if any, replace the last."""
+        if self.buckets or any(name in headers for name in SIGNS):
+            buckets = announced(headers, wall_now)
+            if buckets or not self.buckets:
+                self.buckets, self.seen_at, self.sent = buckets, now, 0
+
+    def has_room(self, now: float) -> bool:
+        """Whether at least one more request fits in its announced rate limits, as estimated
+        now (True when it announced none)."""
+        return not self.buckets or has_room(self.buckets, now - self.seen_at, self.sent)

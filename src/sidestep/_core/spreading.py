@@ -1,0 +1,120 @@
+"""A pooled route's request given its own order of candidates, and its attempts counted.
+
+`Spreading._spread` turns the candidates a pooled route's request matched
+into those of the order its pools give it (`pools.Pool.order`): a variant
+made once per order and remembered, so the loop, the fast path and the
+attribution read it as they read a ranked route's. A request that names
+state kept by one provider is not spread: it keeps the route's ranked order
+(`provider_state`). The functions below count each attempt on its member
+from its send to its verdict, and take from each answer its time to first
+byte and the rate limits it announces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from .affinity import key_of
+from .members import Member
+from .memories import remember
+from .pools import Pool
+from .routes import Candidates, CompiledRoute, CompiledTarget
+from .run import CoreState, Run
+
+__all__ = ["Spreading", "answered", "landed", "member_of", "took_off"]
+
+# What a variant's `balance` says when its request names provider state, and its key.
+_RANKED = "provider_state"
+_RANKED_KEY: tuple[int, ...] = ()
+
+
+class Spreading(CoreState):
+    """A pooled route's request given its own order of candidates."""
+
+    # Set by `Core.__init__`: the random numbers pools draw (a seeded one in tests).
+    _random: Callable[[], float]
+
+    def _spread(self, cands: Candidates, request: Any) -> Candidates:
+        """The candidates of `request`, matched to the pooled route of `cands`, in the
+        order its pools give it (or the ranked order, when it names provider state)."""
+        route, pool, variants = cands.route, cands.pool, cands.variants
+        if route is None or pool is None or variants is None:
+            return cands  # (only a pooled route's candidates have variants)
+        try:
+            content = request._content
+        except AttributeError:  # a body still to stream: no key, no state looked at
+            content = None
+        if cands.others and (
+            cands.pinned
+            or (content and route.state is not None and route.state.names_state(content))
+        ):
+            order, balance = _RANKED_KEY, _RANKED
+        else:
+            key = None
+            if pool.affinity is not None:
+                key = key_of(pool.affinity, request.headers, content)
+            now = self.clock() if pool.limited or pool.balance == "latency" else 0.0
+            order = pool.order(self._random, now, key)
+            balance = pool.balance
+            if key is not None:
+                balance = "affinity"
+                order += (-1,)  # (remembered apart from the same order spread)
+        found = variants.get(order)
+        if found is None:
+            found = remember(variants, order, _variant(route, pool, cands, order, balance))
+        return found
+
+
+def _variant(
+    route: CompiledRoute, pool: Pool, cands: Candidates, order: tuple[int, ...], balance: str
+) -> Candidates:
+    """The candidates of a request to `cands` in `order` (route positions; `_RANKED_KEY`:
+    the ranked order, provider state kept as `cands` keeps it)."""
+    if order == _RANKED_KEY:
+        targets, others, direct = cands.targets, cands.others, cands.direct
+        positions = [route.targets.index(t) for t in targets]
+    else:
+        positions = [i for i in order if i >= 0]
+        targets = tuple(route.targets[i] for i in positions)
+        others = frozenset()
+        direct = cands.direct and targets[0] is cands.targets[0]
+    made = Candidates.of(route, targets, cands.rest, cands.origin, direct, cands.policy, others)
+    about = tuple(
+        {**said, "tier": pool.tier_of[i], "balance": balance}
+        for said, i in zip(made.about, positions, strict=True)
+    )
+    members = tuple(pool.members[i] for i in positions)
+    return replace(made, about=about, members=members, variants=None)
+
+
+def took_off(run: Run, member: Member) -> None:
+    """`run`'s attempt is being sent to `member`."""
+    member.took_off(run.request)
+    run.aloft = member
+
+
+def landed(run: Run) -> None:
+    """`run`'s attempt in flight, if any, has its verdict (or will never have one)."""
+    member = run.aloft
+    if member is not None:
+        run.aloft = None
+        member.landed(run.request)
+
+
+def answered(cands: Candidates, member: Member, seconds: float, headers: Any, now: float) -> None:
+    """An attempt on `member` (a candidate of `cands`) got an answer's `headers` at `now`,
+    `seconds` after it was sent."""
+    member.sample(seconds, now)
+    member.heard(headers, now, time.time())
+    if member.buckets and cands.pool is not None:
+        cands.pool.limited = True
+
+
+def member_of(cands: Candidates, target: CompiledTarget) -> Member:
+    """The pool member a candidate of `cands` (a pooled route's variant) is."""
+    members = cands.members
+    assert members is not None
+    return members[cands.targets.index(target)]
