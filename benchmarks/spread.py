@@ -333,7 +333,9 @@ async def affinity(servers: Deployments, s: Sizes) -> list[Row]:
     line = lineup(
         urls, even=False, balances=("least_in_flight",), strategies=SHUFFLE, affinity=True
     )
-    pause = 2 * r.BREAKER["cooldown"]
+    # Probes of the lost member failed while it was down, each doubling its window up to
+    # max_cooldown: past that, whatever the doublings, it is tried again.
+    pause = 1.25 * r.BREAKER["max_cooldown"]
     drive = conversations(s.conversations, s.turns, "m1", pause)
     runs = await play(servers, line, drive)
     table = {}

@@ -597,9 +597,12 @@ def test_a_probes_verdict_lands_however_often_asyncio_cancels_its_request(
             a.behaviour = lambda _: Respond(body="a")
             store.holding = True
 
+            timeouts: list[Any] = []
+
             async def probe() -> None:
                 if cancel == "asyncio_timeout":
-                    async with asyncio.timeout(0.05):  # type: ignore[attr-defined]
+                    async with asyncio.timeout(None) as timeout:  # type: ignore[attr-defined]
+                        timeouts.append(timeout)
                         await client.get(a.url + "/v1/x")
                 else:
                     await client.get(a.url + "/v1/x")
@@ -611,7 +614,15 @@ def test_a_probes_verdict_lands_however_often_asyncio_cancels_its_request(
                     task.cancel()
                     await asyncio.sleep(0.01)
             else:
-                await asyncio.sleep(0.2)  # the timeout fired while the verdict waited
+                # the timeout expires now, while the verdict waits (however long the probe
+                # took to get there: a fixed timeout could fire before it did)
+                (timeout,) = timeouts
+                timeout.reschedule(asyncio.get_running_loop().time())
+                for _ in range(1000):  # (its handle runs at the loop's next turns)
+                    if timeout.expired():
+                        break
+                    await asyncio.sleep(0)
+                assert timeout.expired()
             store.go.set()
             with pytest.raises((asyncio.CancelledError, TimeoutError)):
                 await task
