@@ -36,6 +36,8 @@ class Spreading(CoreState):
 
     # Set by `Core.__init__`: the random numbers pools draw (a seeded one in tests).
     _random: Callable[[], float]
+    # `Candidacy`'s: the body of a request not in memory yet, when it can be replayed.
+    _streamed_body: Callable[[Any], bytes | None]
 
     def _spread(self, cands: Candidates, request: Any) -> Candidates:
         """The candidates of `request`, matched to the pooled route of `cands`, in the
@@ -45,8 +47,12 @@ class Spreading(CoreState):
             return cands  # (only a pooled route's candidates have variants)
         try:
             content = request._content
-        except AttributeError:  # a body still to stream: no key, no state looked at
-            content = None
+        except AttributeError:
+            # A body still to stream: one that can be replayed (bytes given as a stream,
+            # as a followed redirect's are; in-memory parts) is read now, as `_start`
+            # would read it, so that it is looked at for state and a key as content is;
+            # one sent once, as it streams, has none looked at.
+            content = self._streamed_body(request) if cands.replay else None
         if cands.others and (
             cands.pinned
             or (content and route.state is not None and route.state.names_state(content))
