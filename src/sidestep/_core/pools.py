@@ -26,6 +26,7 @@ the time are passed in.
 from __future__ import annotations
 
 import itertools
+import math
 from bisect import bisect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -77,10 +78,10 @@ class _Tier:
         if 1 < len(positions) <= TABLED:
             for perm in itertools.permutations(range(len(positions))):
                 self.uniform.append(tuple(positions[i] for i in perm))
-                probability, left = 1.0, sum(weights)
-                for i in perm[:-1]:
-                    probability *= weights[i] / left
-                    left -= weights[i]
+                probability = 1.0
+                for k, i in enumerate(perm[:-1]):
+                    # (what is left summed anew: a running difference can reach 0 early)
+                    probability *= weights[i] / math.fsum(weights[j] for j in perm[k:])
                 self.total += probability
                 self.cumulative.append(self.total)
                 self.orders.append(self.uniform[-1])
@@ -170,20 +171,25 @@ class Pool:
             tuple(i for i, t in enumerate(self.tier_of) if t == level) for level in levels
         )
         filled = [1.0] * len(names)
+        # the weights each pool draws and compares by: its own, as shares of its largest
+        # (only their ratios count, and so none overflows a sum or underflows a division)
+        shares = [1.0] * len(names)
         for tier in self.tiers:
             given = [w for i in tier if (w := weights[i]) is not None]
-            mean = sum(given) / len(given) if given else 1.0
+            top = max(given) if given else 1.0
+            mean = math.fsum(w / top for w in given) / len(given) if given else 1.0
             for i in tier:
                 w = weights[i]
-                filled[i] = mean if w is None else w  # no weight: its pool's mean
+                share = mean if w is None else w / top  # no weight: its pool's mean
+                filled[i], shares[i] = share * top, share
         self.weights = filled
         # each position's member: the process's for its key (`members.shared`), if given
         self.members = tuple(
             Member(name, w) if keys is None else shared((*keys[i], w), name, w)
-            for i, (name, w) in enumerate(zip(names, filled, strict=True))
+            for i, (name, w) in enumerate(zip(names, shares, strict=True))
         )
         self._tiers = tuple(
-            _Tier(tier, [filled[i] for i in tier], [names[i] for i in tier]) for tier in self.tiers
+            _Tier(tier, [shares[i] for i in tier], [names[i] for i in tier]) for tier in self.tiers
         )
         # Whether any member announced rate limits: only then is headroom looked at.
         self.limited = False
