@@ -241,3 +241,39 @@ def test_a_pool_of_a_hundred_members_keeps_little_memory_per_request(
         if "sidestep" in s.traceback[0].filename
     )
     assert grown < 4_000_000, grown
+
+
+def test_a_body_sent_as_it_streams_is_not_spread_off_its_account(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """A body given as a generator is sent once, as it streams, and cannot be looked at
+    for provider state before it goes: on a route whose rules read bodies, it goes to
+    its own target, as on a ranked route, rather than to another account's."""
+    keyed = {"headers": {"authorization": "Bearer key-a"}}
+    other = {"headers": {"authorization": "Bearer key-b"}}
+    config = pooled(("a", a.url + "/v1", keyed), ("b", b.url + "/v1", other), balance="weighted")
+    d = seeded(make(config))
+    body = json.dumps({"model": "m", "previous_response_id": "resp_1"}).encode()
+
+    def chunks() -> Iterator[bytes]:
+        yield body
+
+    if d.is_async:
+
+        async def go() -> list[str]:
+            async def achunks() -> Any:
+                yield body
+
+            texts = []
+            for _ in range(20):
+                r = await d.client.post(a.url + "/v1/responses", content=achunks(), headers=JSON)
+                texts.append(r.text)
+            return texts
+
+        texts = d.run(go())
+    else:
+        texts = [
+            d.post(a.url + "/v1/responses", content=chunks(), headers=JSON).text for _ in range(20)
+        ]
+    assert set(texts) == {"a"}
+    assert b.calls == 0
