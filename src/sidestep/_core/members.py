@@ -26,10 +26,11 @@ from typing import Any
 
 from .._answers.headroom import SIGNS, Bucket, announced, has_room
 
-__all__ = ["DECAY", "Member", "shared"]
+__all__ = ["DECAY", "Member", "announces", "shared"]
 
 # Seconds over which the latency estimate forgets a sample (the time constant).
 DECAY = 10.0
+_SIGNS = frozenset(name.encode("ascii") for name in SIGNS)
 
 # The process's members, by what makes a target the same upstream (`shared`); a member
 # goes when no route holds it any more.
@@ -102,12 +103,14 @@ class Member:
     def sample(self, seconds: float, now: float) -> None:
         """A time to first byte of `seconds`, measured at `now`: a slower one than the
         estimate is taken at once; the estimate decays toward faster ones (`cost`)."""
-        self.latency = max(seconds, self.cost(now))
+        if seconds < self.latency:  # (no slower than the estimate undecayed: no decay to work out)
+            seconds = max(seconds, self.cost(now))
+        self.latency = seconds
         self.stamp = now
 
     def heard(self, headers: Mapping[str, str], now: float, wall_now: float) -> None:
         """An answer's headers: the rate limits they announce, if any, replace the last."""
-        if self.buckets or any(name in headers for name in SIGNS):
+        if self.buckets or announces(headers):
             buckets = announced(headers, wall_now)
             if buckets or not self.buckets:
                 self.buckets, self.seen_at, self.sent = buckets, now, 0
@@ -116,3 +119,16 @@ class Member:
         """Whether at least one more request fits in its announced rate limits, as estimated
         now (True when it announced none)."""
         return not self.buckets or has_room(self.buckets, now - self.seen_at, self.sent)
+
+
+def announces(headers: Mapping[str, str]) -> bool:
+    """Whether an answer's headers announce a rate limit (`SIGNS`). httpx's and httpx2's
+    are read as kept, (name, lowercase name, value): looking a name up in them encodes
+    it and raises when it is missing, a microsecond per answer for most, which have none."""
+    entries = getattr(headers, "_list", None)
+    if entries is None:
+        return any(name in headers for name in SIGNS)
+    for entry in entries:  # noqa: SIM110 - a loop makes no generator per answer
+        if entry[1] in _SIGNS:
+            return True
+    return False

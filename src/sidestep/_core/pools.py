@@ -29,11 +29,12 @@ import itertools
 import math
 from bisect import bisect
 from collections.abc import Callable, Sequence
+from math import exp
 from typing import TYPE_CHECKING, Any
 
 from .._settings.routes import DEFAULT_BALANCE
 from .affinity import rendezvous, seed
-from .members import Member, shared
+from .members import DECAY, Member, shared
 from .memories import remember
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ class Pool:
     """
 
     __slots__ = (
+        "_latency",
         "_one",
         "_tiers",
         "_weighted",
@@ -196,6 +198,7 @@ class Pool:
         # A route of one pool of several members, and whether it draws by weight alone.
         self._one = self._tiers[0] if len(self._tiers) == 1 and len(names) > 1 else None
         self._weighted = balance == "weighted"
+        self._latency = balance == "latency"
 
     def __repr__(self) -> str:
         return f"Pool(balance={self.balance!r}, tiers={self.tiers!r})"
@@ -230,8 +233,13 @@ class Pool:
         first, second = shuffled[0], shuffled[1]
         members = self.members
         a, b = members[first], members[second]
-        if self.balance == "latency":
-            la, lb = a.cost(now), b.cost(now)
+        if self._latency:
+            # each one's `Member.cost`, inline: a call is a good part of a pick's time
+            la, lb = a.latency, b.latency
+            if la > 0.0:
+                la *= exp((a.stamp - now) / DECAY)
+            if lb > 0.0:
+                lb *= exp((b.stamp - now) / DECAY)
             if la < 0.0 or lb < 0.0:
                 fastest = self._fastest(now)
                 la, lb = (fastest if la < 0.0 else la), (fastest if lb < 0.0 else lb)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from .affinity import key_of
-from .members import Member
+from .members import Member, announces
 from .memories import remember
 from .pools import Pool
 from .routes import Candidates, CompiledRoute, CompiledTarget
@@ -114,9 +114,10 @@ def answered(cands: Candidates, member: Member, seconds: float, headers: Any, no
     """An attempt on `member` (a candidate of `cands`) got an answer's `headers` at `now`,
     `seconds` after it was sent."""
     member.sample(seconds, now)
-    member.heard(headers, now, time.time())
-    if member.buckets and cands.pool is not None:
-        cands.pool.limited = True
+    if member.buckets or announces(headers):  # (most answers announce no rate limit)
+        member.heard(headers, now, time.time())
+        if member.buckets and cands.pool is not None:
+            cands.pool.limited = True
 
 
 def member_of(cands: Candidates, target: CompiledTarget) -> Member:
