@@ -18,6 +18,7 @@ import pytest
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver
 from sidestep._core.members import Member
+from sidestep._settings.routes import MAX_POOL
 from upstream import Respond, Seen, Upstream
 
 
@@ -215,32 +216,43 @@ def test_a_suspended_member_leaves_the_slow_one_no_larger_share(
     assert texts.count("c") <= 20, Counter(texts)
 
 
-def test_a_pool_of_a_hundred_members_keeps_little_memory_per_request(
-    a: Upstream,
-) -> None:
-    """Requests to a pool of 100 members (100 keys on one provider) each draw one of
-    countless orders; what the transport keeps for them stays small: under 4 MB after
-    500 requests to one path."""
-    targets = [(f"k{i}", f"{a.url}/k{i}", {}) for i in range(100)]
-    with httpx.Client(
-        transport=sidestep.FailoverTransport(pooled(*targets, balance="latency", breaker={}))
-    ) as client:
-        for _ in range(20):
-            client.get(a.url + "/k0/chat")
-        tracemalloc.start()
-        try:
-            before = tracemalloc.take_snapshot()
-            for _ in range(500):
-                assert client.get(a.url + "/k0/chat").status_code == 200
-            after = tracemalloc.take_snapshot()
-        finally:
-            tracemalloc.stop()
-    grown = sum(
-        s.size_diff
-        for s in after.compare_to(before, "filename")
-        if "sidestep" in s.traceback[0].filename
-    )
-    assert grown < 4_000_000, grown
+def test_a_pool_of_the_most_members_keeps_little_memory_per_request(a: Upstream) -> None:
+    """Requests to a pool of MAX_POOL members (16 keys on one provider) each draw one of
+    its orders; what the transport keeps for them stays small: under 4 MB after 500
+    requests to one path, under each balance."""
+    targets = [(f"k{i}", f"{a.url}/k{i}", {}) for i in range(MAX_POOL)]
+    for balance in ("weighted", "least_in_flight", "latency"):
+        with httpx.Client(
+            transport=sidestep.FailoverTransport(pooled(*targets, balance=balance, breaker={}))
+        ) as client:
+            for _ in range(20):
+                client.get(a.url + "/k0/chat")
+            tracemalloc.start()
+            try:
+                before = tracemalloc.take_snapshot()
+                for _ in range(500):
+                    assert client.get(a.url + "/k0/chat").status_code == 200
+                after = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+        grown = sum(
+            s.size_diff
+            for s in after.compare_to(before, "filename")
+            if "sidestep" in s.traceback[0].filename
+        )
+        assert grown < 4_000_000, (balance, grown)
+
+
+def test_a_pool_of_more_than_the_most_members_is_refused(a: Upstream) -> None:
+    """A pool of MAX_POOL + 1 members is refused when the configuration is built, naming
+    the bound and the count, tiered or not; the same members over two tiers are taken."""
+    targets = [(f"k{i}", f"{a.url}/k{i}", {}) for i in range(MAX_POOL + 1)]
+    with pytest.raises(sidestep.ConfigError, match=f"at most {MAX_POOL} members"):
+        sidestep.FailoverTransport(pooled(*targets, balance="weighted", breaker={}))
+    config = pooled(*targets, balance="weighted", breaker={})
+    for i, target in enumerate(config["routes"][0]["targets"]):
+        target["tier"] = 0 if i < MAX_POOL else 1
+    sidestep.FailoverTransport(config).close()
 
 
 def test_a_body_sent_as_it_streams_is_not_spread_off_its_account(

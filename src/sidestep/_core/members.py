@@ -30,6 +30,8 @@ __all__ = ["DECAY", "Member", "announces", "shared"]
 
 # Seconds over which the latency estimate forgets a sample (the time constant).
 DECAY = 10.0
+# The longest a refused member is put behind the others before it is asked about again.
+RECHECK = 5.0
 _SIGNS = frozenset(name.encode("ascii") for name in SIGNS)
 
 # The process's members, by what makes a target the same upstream (`shared`); a member
@@ -57,6 +59,7 @@ class Member:
         "flying",
         "latency",
         "name",
+        "refused_until",
         "seen_at",
         "sent",
         "stamp",
@@ -67,6 +70,8 @@ class Member:
         self.name = name
         self.weight = weight
         self.flying: set[Any] = set()  # the requests being sent to it
+        # until when a pool puts it behind the others: it was refused admission
+        self.refused_until = 0.0
         self.latency = -1.0  # the latency estimate at `stamp`, seconds (-1: no sample yet)
         self.stamp = 0.0
         self.buckets: tuple[Bucket, ...] = ()  # the rate limits it last announced
@@ -88,6 +93,12 @@ class Member:
         self.flying.add(run)
         if self.buckets:
             self.sent += 1  # (a lost increment is forgotten at the next announcement)
+
+    def refused(self, retry_at: float, now: float) -> None:
+        """It was refused admission at `now`, its scope suspended until `retry_at`: pools put
+        it behind the others until then, or for `RECHECK` seconds at most (a scope cleared
+        early, or open until cleared, is asked about again)."""
+        self.refused_until = min(retry_at, now + RECHECK)
 
     def landed(self, run: Any) -> None:
         """`run`'s attempt on this member has its verdict (harmless if it had none in flight)."""

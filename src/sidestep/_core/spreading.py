@@ -53,16 +53,20 @@ class Spreading(CoreState):
             # would read it, so that it is looked at for state and a key as content is;
             # one sent once, as it streams, has none looked at.
             content = self._streamed_body(request) if cands.replay else None
+        state = route.state
         if cands.others and (
             cands.pinned
-            or (content and route.state is not None and route.state.names_state(content))
+            or (content and state is not None and state.names_state(content))
+            # a body sent once, as it streams, cannot be looked at before it goes: where
+            # the route's rules read bodies, it keeps the ranked order, as it would there
+            or (content is None and state is not None and bool(state.bodies))
         ):
             order, balance = _RANKED_KEY, _RANKED
         else:
             key = None
             if pool.affinity is not None:
                 key = key_of(pool.affinity, request.headers, content)
-            now = self.clock() if pool.limited or pool.balance == "latency" else 0.0
+            now = self.clock() if pool.limited or pool.refused or pool.balance == "latency" else 0.0
             order = pool.order(self._random, now, key)
             balance = pool.balance
             if key is not None:
