@@ -5,7 +5,8 @@ Three measures, each sidestep's next to the peer breakers' in the same run:
 - *isolated*: the transport's own ``handle_request`` called in a tight loop
   over an inner ``httpx.MockTransport``, minus the inner transport alone —
   the wrapper's cost with no client around it (httpx and httpx2, sync and
-  async);
+  async); and a pool's pick: four keys to one API as a pool of each
+  ``balance``, minus the same four as a ranked route;
 - *client*: a whole client over ``MockTransport`` (as the overhead scenario),
   for httpx2 too, in 45 rounds of its own (a ratio near its limit, and only
   two variants to sample: more rounds narrow its median cheaply);
@@ -58,6 +59,24 @@ VIA_BACKUP = {
     ]
 }
 RATE = 1000.0  # requests per second in the sustained outage
+# Four keys to one API, as a ranked route and as a pool of each strategy: every request
+# is rewritten for its key either way (each sets its own credential), so a pool's cost
+# over the ranked route is the pick and the counting alone.
+KEYS = [
+    {
+        "name": f"key-{k}",
+        "url": "http://api.example/v1",
+        "headers": {"authorization": f"Bearer {k}"},
+    }
+    for k in "abcd"
+]
+RANKED = {"routes": [{"name": "api", "targets": KEYS}]}
+BALANCES = ("weighted", "least_in_flight", "latency")
+POOLED = {
+    balance: {"routes": [{"name": "api", "balance": balance, "targets": KEYS}]}
+    for balance in BALANCES
+}
+POOL_PICK = 1.0  # µs a pool pick may add per request over the ranked route (issue #30)
 
 
 def _ok(module: Any) -> Callable[[Any], Any]:
@@ -110,7 +129,10 @@ def _isolated(module: Any, side: Any, colour: str) -> dict[str, Callable[[], Any
         "sidestep, routed": lambda: cls(ROUTED, transport=mock()),
         "sidestep, via backup": lambda: cls(VIA_BACKUP, transport=mock()),
         "sidestep, primary open": lambda: _opened(side, module, cls),
+        "sidestep, ranked 4 keys": lambda: cls(RANKED, transport=mock()),
     }
+    for balance, config in POOLED.items():
+        variants[f"sidestep, pool of 4 keys, {balance}"] = partial(cls, config, transport=mock())
     if module is httpx:
         peers = overhead._async_variants()[0] if colour == "async" else overhead._sync_variants()
         for name, make in peers.items():
@@ -293,6 +315,28 @@ def _verdicts(
                     "µs",
                     skip <= 5.0,
                     "primary open minus straight to the backup (the same rewrite), "
+                    "median of the rounds' differences",
+                )
+            )
+            ranked = samples[prefix + "sidestep, ranked 4 keys"]
+            picks = {
+                balance: b.paired_difference(
+                    samples[f"{prefix}sidestep, pool of 4 keys, {balance}"], ranked
+                )
+                for balance in BALANCES
+            }
+            worst = max(picks.values())
+            rows.append(
+                b.verdict(
+                    SCENARIO,
+                    f"{label} {colour}: a pool pick adds <= {POOL_PICK:g} µs/request"
+                    " over a ranked route",
+                    worst,
+                    "µs",
+                    worst <= POOL_PICK,
+                    "the worst of "
+                    + ", ".join(f"{balance} {cost:+.2f}" for balance, cost in picks.items())
+                    + " µs: a pool of 4 keys minus the same 4 ranked, "
                     "median of the rounds' differences",
                 )
             )

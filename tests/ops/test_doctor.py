@@ -136,6 +136,192 @@ def test_an_invalid_configuration_exits_2(
     assert main(["doctor", "-c", str(tmp_path / "missing.yaml")]) == 2
 
 
+POOLED = """\
+    failover: {total_timeout: 2m, first_byte_timeout: 20s, on_all_suspended: respond}
+    routes:
+      - name: chat
+        balance: latency
+        affinity: {header: x-session-id}
+        targets:
+          - {name: key-a, url: "https://api.openai.com/v1", headers: {authorization: "Bearer ${DOCTOR_KEY}"}, tier: 0, weight: 2}
+          - {name: key-b, url: "https://api.openai.com/v1", headers: {authorization: "Bearer ${DOCTOR_KEY}x"}, tier: 0, weight: 1}
+          - {name: azure, url: "https://x.openai.azure.com/openai/v1", headers: {api-key: "${DOCTOR_KEY}"}, tier: 1}
+          - {name: backup, url: "https://api.anthropic.com/v1", headers: {x-api-key: "${DOCTOR_KEY}"}, tier: 1}
+"""
+
+
+def test_a_sound_pooled_route_has_no_warning(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pooled route with a weight on each member of a pool, a conversation header as its affinity key and two members in each tier: its weights, affinity, balance and budget are ok."""
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    _, found, _ = doctor(capsys, tmp_path, POOLED)
+    for check in ("weights", "affinity", "balance", "budget"):
+        assert statuses(found, check) == ["ok"], check
+    assert "avoid_rate_limits" not in found
+    _, found, _ = doctor(capsys, tmp_path, GOOD)
+    assert not {"weights", "affinity", "balance", "avoid_rate_limits"} & found.keys()
+
+
+@pytest.mark.parametrize(
+    ("targets", "said"),
+    [
+        (
+            """\
+              - {name: big, url: "https://a.example/v1", weight: 500}
+              - {name: tiny, url: "https://b.example/v1", weight: 1}
+              - {name: mid, url: "https://c.example/v1", weight: 100}""",
+            "in tier 0, 'tiny' weigh under 1% of the pool: they get almost no requests",
+        ),
+        (
+            """\
+              - {name: a, url: "https://a.example/v1", tier: 0, weight: 1}
+              - {name: b, url: "https://b.example/v1", tier: 0}
+              - {name: c, url: "https://c.example/v1", tier: 0, weight: 3}
+              - {name: d, url: "https://d.example/v1", tier: 1}
+              - {name: e, url: "https://e.example/v1", tier: 1}""",
+            "tier 0 gives a weight to some members and not to 'b': a member with no weight"
+            " weighs the mean of those given in its pool (2)",
+        ),
+    ],
+    ids=["negligible", "mixed"],
+)
+def test_weights_that_leave_a_member_next_to_nothing_or_mix_warn(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, targets: str, said: str
+) -> None:
+    """A member weighing under 1% of its pool, or a pool weighting some members and not others (the rule said: those without weigh the mean), warns once, naming only those members and keyed by the pool's weights; a tier with no weight at all beside it says nothing."""
+    yaml = f"""\
+        routes:
+          - name: chat
+            targets:
+{targets}
+    """
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    (weights,) = found["weights"]
+    assert weights["status"] == "warn"
+    assert said in weights["reason"]
+    assert weights["keys"] == [f"routes[0].targets[{i}].weight" for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("header", "why"),
+    [
+        ("connection", "hop-by-hop"),
+        ("Keep-Alive", "hop-by-hop"),
+        ("authorization", "carries a credential"),
+        ("x-api-key", "carries a credential"),
+    ],
+)
+def test_an_affinity_header_that_cannot_tell_conversations_apart_warns(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    header: str,
+    why: str,
+) -> None:
+    """An affinity header that is hop-by-hop or a credential warns, naming the header, never a value."""
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    yaml = POOLED.replace("header: x-session-id", f"header: {header}")
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    (affinity,) = found["affinity"]
+    assert affinity["status"] == "warn"
+    assert f"affinity header {header.lower()!r}" in affinity["reason"] and why in affinity["reason"]
+    assert affinity["keys"] == ["routes[0].affinity.header"]
+    assert SECRET not in json.dumps(found)
+
+
+def test_an_affinity_prefix_of_zero_is_refused_with_its_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """affinity prefix 0 (no key at all) makes the configuration invalid: exit 2, naming the key."""
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    yaml = POOLED.replace("affinity: {header: x-session-id}", "affinity: {prefix: 0}")
+    status, found, err = doctor(capsys, tmp_path, yaml)
+    assert status == 2 and found == {}
+    assert "routes[0].affinity.prefix" in err and SECRET not in err
+
+
+def test_balance_over_a_tier_of_one_member_warns(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """balance set on a route whose tier has one member warns, naming the tier and member; when every tier has one, it says the route is taken in order; without balance, no finding."""
+    yaml = """\
+        routes:
+          - name: chat
+            balance: weighted
+            targets:
+              - {name: a, url: "https://a.example/v1", tier: 0}
+              - {name: b, url: "https://b.example/v1", tier: 0}
+              - {name: c, url: "https://c.example/v1", tier: 1}
+          - name: single
+            balance: least_in_flight
+            targets:
+              - {name: only, url: "https://d.example/v1"}
+          - name: tiers
+            targets:
+              - {name: e, url: "https://e.example/v1", tier: 0}
+              - {name: f, url: "https://f.example/v1", tier: 1}
+    """
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    first, second = found["balance"]
+    assert first["status"] == second["status"] == "warn"
+    assert "balance weighted is set, but 1 tier has one member (tier 1: 'c')" in first["reason"]
+    assert "ranked list" not in first["reason"]
+    assert first["keys"] == ["routes[0].balance", "routes[0].targets[2].tier"]
+    assert "(tier 0: 'only')" in second["reason"] and "ranked list" in second["reason"]
+    assert second["keys"] == ["routes[1].balance", "routes[1].targets"]
+
+
+def test_avoid_rate_limits_on_a_pooled_route_warns(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """avoid_rate_limits on a pooled route warns that it suspends a member until the full reset the pool's headroom would not wait for; on a ranked route it is no finding."""
+    monkeypatch.setenv("DOCTOR_KEY", SECRET)
+    yaml = POOLED.replace("balance: latency", "balance: latency\n        avoid_rate_limits: true")
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    (avoid,) = found["avoid_rate_limits"]
+    assert avoid["status"] == "warn" and avoid["keys"] == ["routes[0].avoid_rate_limits"]
+    assert "until the full reset" in avoid["reason"] and "headroom" in avoid["reason"]
+    yaml = GOOD.replace("- name: chat", "- name: chat\n        avoid_rate_limits: true")
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    assert "avoid_rate_limits" not in found
+
+
+def test_the_budget_reaches_a_pools_members_by_spreading(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """On a pooled route the budget counts tiers, not places in the list: 2 attempts reach all 4 members of one pool (each request spreads); 3 attempts reach a second tier behind a pool of 2 but not a third behind 4 targets, which warns naming only its members; the same 5 targets ranked warn from the third."""
+    five = """\
+              - {name: a, url: "https://a.example/v1", tier: 0}
+              - {name: b, url: "https://b.example/v1", tier: 0}
+              - {name: c, url: "https://c.example/v1", tier: 1}
+              - {name: d, url: "https://d.example/v1", tier: 1}
+              - {name: e, url: "https://e.example/v1", tier: 2}"""
+    yaml = f"""\
+        routes:
+          - name: spread
+            balance: least_in_flight
+            failover: {{max_total_attempts: 2}}
+            targets:
+{five.replace("tier: 1", "tier: 0").replace(", tier: 2}", ", tier: 0}").replace(", tier: 0", "")}
+          - name: tiers
+            failover: {{max_total_attempts: 3}}
+            targets:
+{five}
+          - name: ranked
+            failover: {{max_total_attempts: 2}}
+            targets:
+{five.replace(", tier: 0", "").replace(", tier: 1", "").replace(", tier: 2", "")}
+    """
+    _, found, _ = doctor(capsys, tmp_path, yaml)
+    spread, tiers, ranked = found["budget"]
+    assert spread["status"] == "ok" and "spread over every member" in spread["reason"]
+    assert tiers["status"] == "warn"
+    assert "the tiers before e hold at least max_total_attempts (3) targets" in tiers["reason"]
+    assert "targets: e can never be reached" in tiers["reason"]
+    assert ranked["status"] == "warn" and "c, d, e can never be reached" in ranked["reason"]
+
+
 def test_the_store_findings_and_the_command_it_will_run(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,

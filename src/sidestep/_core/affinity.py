@@ -27,8 +27,10 @@ _UNIT = 1.0 / (1 << 53)
 
 
 def seed(text: str) -> int:
-    """A 64-bit hash of `text`, the same in every process."""
-    return int.from_bytes(blake2b(text.encode(), digest_size=8).digest(), "big")
+    """A 64-bit hash of `text`, the same in every process (a lone surrogate, which a
+    JSON body may escape, is hashed as its code point rather than refused)."""
+    data = text.encode("utf-8", "surrogatepass")
+    return int.from_bytes(blake2b(data, digest_size=8).digest(), "big")
 
 
 def _mix(value: int) -> int:
@@ -69,7 +71,7 @@ def _document(body: bytes) -> dict[str, Any] | None:
         return None
     try:
         document = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than it parses
         return None
     return document if isinstance(document, dict) else None
 
@@ -95,4 +97,7 @@ def _prompt(body: bytes, length: int) -> str | None:
         parts = [document[k] for k in ("input", "prompt") if k in document][:1]
     if not parts:
         return None
-    return json.dumps(parts, separators=(",", ":"), ensure_ascii=False)[:length]
+    try:
+        return json.dumps(parts, separators=(",", ":"), ensure_ascii=False)[:length]
+    except RecursionError:  # parsed, but nested deeper than it encodes
+        return None

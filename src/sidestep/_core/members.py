@@ -26,10 +26,13 @@ from typing import Any
 
 from .._answers.headroom import SIGNS, Bucket, announced, has_room
 
-__all__ = ["DECAY", "Member", "shared"]
+__all__ = ["DECAY", "Member", "announces", "shared"]
 
 # Seconds over which the latency estimate forgets a sample (the time constant).
 DECAY = 10.0
+# The longest a refused member is put behind the others before it is asked about again.
+RECHECK = 5.0
+_SIGNS = frozenset(name.encode("ascii") for name in SIGNS)
 
 # The process's members, by what makes a target the same upstream (`shared`); a member
 # goes when no route holds it any more.
@@ -56,6 +59,7 @@ class Member:
         "flying",
         "latency",
         "name",
+        "refused_until",
         "seen_at",
         "sent",
         "stamp",
@@ -66,6 +70,8 @@ class Member:
         self.name = name
         self.weight = weight
         self.flying: set[Any] = set()  # the requests being sent to it
+        # until when a pool puts it behind the others: it was refused admission
+        self.refused_until = 0.0
         self.latency = -1.0  # the latency estimate at `stamp`, seconds (-1: no sample yet)
         self.stamp = 0.0
         self.buckets: tuple[Bucket, ...] = ()  # the rate limits it last announced
@@ -88,6 +94,12 @@ class Member:
         if self.buckets:
             self.sent += 1  # (a lost increment is forgotten at the next announcement)
 
+    def refused(self, retry_at: float, now: float) -> None:
+        """It was refused admission at `now`, its scope suspended until `retry_at`: pools put
+        it behind the others until then, or for `RECHECK` seconds at most (a scope cleared
+        early, or open until cleared, is asked about again)."""
+        self.refused_until = min(retry_at, now + RECHECK)
+
     def landed(self, run: Any) -> None:
         """`run`'s attempt on this member has its verdict (harmless if it had none in flight)."""
         self.flying.discard(run)
@@ -102,12 +114,14 @@ class Member:
     def sample(self, seconds: float, now: float) -> None:
         """A time to first byte of `seconds`, measured at `now`: a slower one than the
         estimate is taken at once; the estimate decays toward faster ones (`cost`)."""
-        self.latency = max(seconds, self.cost(now))
+        if seconds < self.latency:  # (no slower than the estimate undecayed: no decay to work out)
+            seconds = max(seconds, self.cost(now))
+        self.latency = seconds
         self.stamp = now
 
     def heard(self, headers: Mapping[str, str], now: float, wall_now: float) -> None:
         """An answer's headers: the rate limits they announce, if any, replace the last."""
-        if self.buckets or any(name in headers for name in SIGNS):
+        if self.buckets or announces(headers):
             buckets = announced(headers, wall_now)
             if buckets or not self.buckets:
                 self.buckets, self.seen_at, self.sent = buckets, now, 0
@@ -116,3 +130,16 @@ class Member:
         """Whether at least one more request fits in its announced rate limits, as estimated
         now (True when it announced none)."""
         return not self.buckets or has_room(self.buckets, now - self.seen_at, self.sent)
+
+
+def announces(headers: Mapping[str, str]) -> bool:
+    """Whether an answer's headers announce a rate limit (`SIGNS`). httpx's and httpx2's
+    are read as kept, (name, lowercase name, value): looking a name up in them encodes
+    it and raises when it is missing, a microsecond per answer for most, which have none."""
+    entries = getattr(headers, "_list", None)
+    if entries is None:
+        return any(name in headers for name in SIGNS)
+    for entry in entries:  # noqa: SIM110 - a loop makes no generator per answer
+        if entry[1] in _SIGNS:
+            return True
+    return False

@@ -7,17 +7,23 @@ so on, so failover stays within a pool before it moves to the next tier.
 
 - ``weighted``: weighted random without replacement. Up to `TABLED` members,
   every permutation's probability is worked out once, and a request draws
-  one with a single random number.
-- ``least_in_flight``: power of two choices: a uniformly random permutation,
-  whose first two members are swapped when the second has fewer attempts in
-  flight per unit of weight.
+  one with a single random number; a larger pool (up to `MAX_POOL`) draws its
+  first two by weight and keeps the rest as listed, so that the orders it
+  gives stay few (the core keeps each one it meets, per path).
+- ``least_in_flight``: power of two choices: an order drawn by weight, whose
+  first two are swapped when the second has fewer attempts in flight per unit
+  of weight (on a tie the first stays: at light load, weights decide).
 - ``latency``: the same, on the cost latency * (in flight + 1) / weight,
   where latency is the member's decaying peak estimate (`members.Member`);
   a member with none yet counts as the fastest measured.
 - An affinity key ranks each pool by weighted rendezvous hashing instead
-  (`affinity.rendezvous`).
-- Whatever the strategy, a member whose announced rate limits have no room
-  left goes behind those with room (it is never left out).
+  (`affinity.rendezvous`); a member refused admission is skipped, and its
+  keys go to their next choice.
+- Whatever the strategy, a member that cannot take a request now goes
+  behind those that can (it is never left out): one whose announced rate
+  limits have no room left, or one refused admission a moment ago (its scope
+  suspended: `Member.refused_until`), so that two choices are made between
+  members that can answer.
 
 Pure apart from the members' statistics it reads: the random numbers and
 the time are passed in.
@@ -26,13 +32,15 @@ the time are passed in.
 from __future__ import annotations
 
 import itertools
+import math
 from bisect import bisect
 from collections.abc import Callable, Sequence
+from math import exp
 from typing import TYPE_CHECKING, Any
 
 from .._settings.routes import DEFAULT_BALANCE
 from .affinity import rendezvous, seed
-from .members import Member, shared
+from .members import DECAY, Member, shared
 from .memories import remember
 
 if TYPE_CHECKING:
@@ -60,7 +68,6 @@ class _Tier:
         "ranks",
         "seeds",
         "total",
-        "uniform",
         "weights",
     )
 
@@ -73,51 +80,43 @@ class _Tier:
         self.total = 0.0
         self.cumulative: list[float] = []
         self.orders: list[Order] = []
-        self.uniform: list[Order] = []
         if 1 < len(positions) <= TABLED:
             for perm in itertools.permutations(range(len(positions))):
-                self.uniform.append(tuple(positions[i] for i in perm))
-                probability, left = 1.0, sum(weights)
-                for i in perm[:-1]:
-                    probability *= weights[i] / left
-                    left -= weights[i]
+                probability = 1.0
+                for k, i in enumerate(perm[:-1]):
+                    # (what is left summed anew: a running difference can reach 0 early)
+                    probability *= weights[i] / math.fsum(weights[j] for j in perm[k:])
                 self.total += probability
                 self.cumulative.append(self.total)
-                self.orders.append(self.uniform[-1])
+                self.orders.append(tuple(positions[i] for i in perm))
 
     def weighted(self, random: Random) -> Order:
         """An order drawn weighted at random, without replacement."""
         if self.orders:
             found = bisect(self.cumulative, random() * self.total)
             return self.orders[min(found, len(self.orders) - 1)]
+        # A larger pool: its first two drawn by weight, the rest as listed, so that the
+        # orders a pool gives stay few (each is kept per path: `spreading`).
         left = list(range(len(self.positions)))
         out: list[int] = []
-        while left:
-            draw = random() * sum(self.weights[i] for i in left)
+        for _ in range(2):
+            draw = random() * math.fsum(self.weights[i] for i in left)
             for k, i in enumerate(left):
                 draw -= self.weights[i]
                 if draw < 0.0 or k == len(left) - 1:
-                    out.append(self.positions[left.pop(k)])
+                    out.append(left.pop(k))
                     break
-        return tuple(out)
+        return tuple(self.positions[i] for i in (*out, *left))
 
     def ranked(self, hashed: int) -> Order:
         """The order an affinity key hashed to `hashed` gives (rendezvous hashing), remembered."""
         found = self.ranks.get(hashed)
         if found is None:
             found = rendezvous(hashed, self.positions, self.seeds, self.weights)
+            if len(found) > TABLED:  # a larger pool: its first two by the key, the rest as listed
+                found = (*found[:2], *(p for p in self.positions if p not in found[:2]))
             found = remember(self.ranks, hashed, found)
         return found
-
-    def shuffled(self, random: Random) -> Order:
-        """A uniformly random order."""
-        if self.uniform:
-            return self.uniform[int(random() * len(self.uniform)) % len(self.uniform)]
-        positions = list(self.positions)
-        for i in range(len(positions) - 1, 0, -1):  # Fisher-Yates
-            j = int(random() * (i + 1)) % (i + 1)
-            positions[i], positions[j] = positions[j], positions[i]
-        return tuple(positions)
 
 
 def pool_of(route: Route) -> Pool | None:
@@ -141,6 +140,7 @@ class Pool:
     """
 
     __slots__ = (
+        "_latency",
         "_one",
         "_tiers",
         "_weighted",
@@ -148,6 +148,7 @@ class Pool:
         "balance",
         "limited",
         "members",
+        "refused",
         "tier_of",
         "tiers",
         "weights",
@@ -170,26 +171,34 @@ class Pool:
             tuple(i for i, t in enumerate(self.tier_of) if t == level) for level in levels
         )
         filled = [1.0] * len(names)
+        # the weights each pool draws and compares by: its own, as shares of its largest
+        # (only their ratios count, and so none overflows a sum or underflows a division)
+        shares = [1.0] * len(names)
         for tier in self.tiers:
             given = [w for i in tier if (w := weights[i]) is not None]
-            mean = sum(given) / len(given) if given else 1.0
+            top = max(given) if given else 1.0
+            mean = math.fsum(w / top for w in given) / len(given) if given else 1.0
             for i in tier:
                 w = weights[i]
-                filled[i] = mean if w is None else w  # no weight: its pool's mean
+                share = mean if w is None else w / top  # no weight: its pool's mean
+                filled[i], shares[i] = share * top, share
         self.weights = filled
         # each position's member: the process's for its key (`members.shared`), if given
         self.members = tuple(
             Member(name, w) if keys is None else shared((*keys[i], w), name, w)
-            for i, (name, w) in enumerate(zip(names, filled, strict=True))
+            for i, (name, w) in enumerate(zip(names, shares, strict=True))
         )
         self._tiers = tuple(
-            _Tier(tier, [filled[i] for i in tier], [names[i] for i in tier]) for tier in self.tiers
+            _Tier(tier, [shares[i] for i in tier], [names[i] for i in tier]) for tier in self.tiers
         )
         # Whether any member announced rate limits: only then is headroom looked at.
         self.limited = False
+        # Whether any member was refused admission: only then are refusals looked at.
+        self.refused = False
         # A route of one pool of several members, and whether it draws by weight alone.
         self._one = self._tiers[0] if len(self._tiers) == 1 and len(names) > 1 else None
         self._weighted = balance == "weighted"
+        self._latency = balance == "latency"
 
     def __repr__(self) -> str:
         return f"Pool(balance={self.balance!r}, tiers={self.tiers!r})"
@@ -198,10 +207,11 @@ class Pool:
         """The order one request tries the route's targets in (positions): each tier's
         members as the strategy, or the affinity `key`, ranks them, tier after tier."""
         one = self._one
-        if one is not None and key is None and not self.limited:  # the common case, quickly
+        if one is not None and key is None and not (self.limited or self.refused):
+            # the common case, quickly
             if self._weighted:
                 return one.weighted(random)
-            return self._two_choices(one.shuffled(random), now)
+            return self._two_choices(one.weighted(random), now)
         out: Order = ()
         hashed = None if key is None else seed(key)
         for tier in self._tiers:
@@ -209,23 +219,32 @@ class Pool:
             if len(tier.positions) == 1:
                 ranked = tier.positions
             elif hashed is not None:
+                # (a member refused admission is skipped, its keys to their next choice)
                 ranked = tier.ranked(hashed)
-            elif self.balance == "weighted":
-                ranked = tier.weighted(random)
+                if self.limited:
+                    ranked = self._behind(ranked, now)
             else:
-                ranked = self._two_choices(tier.shuffled(random), now)
-            if self.limited and len(ranked) > 1:
-                ranked = self._room_first(ranked, now)
+                ranked = tier.weighted(random)
+                if self.limited or self.refused:
+                    ranked = self._behind(ranked, now)
+                if not self._weighted:
+                    ranked = self._two_choices(ranked, now)
             out = ranked if not out else out + ranked
         return out
 
-    def _two_choices(self, shuffled: Order, now: float) -> Order:
-        """A random order whose first two are swapped if the second costs less."""
-        first, second = shuffled[0], shuffled[1]
+    def _two_choices(self, drawn: Order, now: float) -> Order:
+        """An order drawn by weight whose first two are swapped if the second costs less
+        (on a tie the first, drawn by weight, stays first: weights count at light load)."""
+        first, second = drawn[0], drawn[1]
         members = self.members
         a, b = members[first], members[second]
-        if self.balance == "latency":
-            la, lb = a.cost(now), b.cost(now)
+        if self._latency:
+            # each one's `Member.cost`, inline: a call is a good part of a pick's time
+            la, lb = a.latency, b.latency
+            if la > 0.0:
+                la *= exp((a.stamp - now) / DECAY)
+            if lb > 0.0:
+                lb *= exp((b.stamp - now) / DECAY)
             if la < 0.0 or lb < 0.0:
                 fastest = self._fastest(now)
                 la, lb = (fastest if la < 0.0 else la), (fastest if lb < 0.0 else lb)
@@ -236,18 +255,23 @@ class Pool:
             cost_a = len(a.flying) / a.weight
             cost_b = len(b.flying) / b.weight
         if cost_b < cost_a:
-            return (second, first, *shuffled[2:])
-        return shuffled
+            return (second, first, *drawn[2:])
+        return drawn
 
     def _fastest(self, now: float) -> float:
         """The least latency estimate among the members that have one (1.0 if none has)."""
         measured = [c for m in self.members if (c := m.cost(now)) >= 0.0]
         return min(measured) if measured else 1.0
 
-    def _room_first(self, ranked: Order, now: float) -> Order:
-        """`ranked` with the members out of rate-limit room moved behind the others."""
+    def _behind(self, ranked: Order, now: float) -> Order:
+        """`ranked` with the members that cannot take a request now moved behind the
+        others: out of rate-limit room, or refused admission a moment ago (`refused`)."""
         members = self.members
-        full = [i for i in ranked if not members[i].has_room(now)]
-        if not full or len(full) == len(ranked):
+        late = [
+            i
+            for i in ranked
+            if members[i].refused_until > now or (self.limited and not members[i].has_room(now))
+        ]
+        if not late or len(late) == len(ranked):
             return ranked
-        return tuple(i for i in ranked if i not in full) + tuple(full)
+        return tuple(i for i in ranked if i not in late) + tuple(late)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from .affinity import key_of
-from .members import Member
+from .members import Member, announces
 from .memories import remember
 from .pools import Pool
 from .routes import Candidates, CompiledRoute, CompiledTarget
@@ -36,6 +36,8 @@ class Spreading(CoreState):
 
     # Set by `Core.__init__`: the random numbers pools draw (a seeded one in tests).
     _random: Callable[[], float]
+    # `Candidacy`'s: the body of a request not in memory yet, when it can be replayed.
+    _streamed_body: Callable[[Any], bytes | None]
 
     def _spread(self, cands: Candidates, request: Any) -> Candidates:
         """The candidates of `request`, matched to the pooled route of `cands`, in the
@@ -45,18 +47,26 @@ class Spreading(CoreState):
             return cands  # (only a pooled route's candidates have variants)
         try:
             content = request._content
-        except AttributeError:  # a body still to stream: no key, no state looked at
-            content = None
+        except AttributeError:
+            # A body still to stream: one that can be replayed (bytes given as a stream,
+            # as a followed redirect's are; in-memory parts) is read now, as `_start`
+            # would read it, so that it is looked at for state and a key as content is;
+            # one sent once, as it streams, has none looked at.
+            content = self._streamed_body(request) if cands.replay else None
+        state = route.state
         if cands.others and (
             cands.pinned
-            or (content and route.state is not None and route.state.names_state(content))
+            or (content and state is not None and state.names_state(content))
+            # a body sent once, as it streams, cannot be looked at before it goes: where
+            # the route's rules read bodies, it keeps the ranked order, as it would there
+            or (content is None and state is not None and bool(state.bodies))
         ):
             order, balance = _RANKED_KEY, _RANKED
         else:
             key = None
             if pool.affinity is not None:
                 key = key_of(pool.affinity, request.headers, content)
-            now = self.clock() if pool.limited or pool.balance == "latency" else 0.0
+            now = self.clock() if pool.limited or pool.refused or pool.balance == "latency" else 0.0
             order = pool.order(self._random, now, key)
             balance = pool.balance
             if key is not None:
@@ -108,9 +118,10 @@ def answered(cands: Candidates, member: Member, seconds: float, headers: Any, no
     """An attempt on `member` (a candidate of `cands`) got an answer's `headers` at `now`,
     `seconds` after it was sent."""
     member.sample(seconds, now)
-    member.heard(headers, now, time.time())
-    if member.buckets and cands.pool is not None:
-        cands.pool.limited = True
+    if member.buckets or announces(headers):  # (most answers announce no rate limit)
+        member.heard(headers, now, time.time())
+        if member.buckets and cands.pool is not None:
+            cands.pool.limited = True
 
 
 def member_of(cands: Candidates, target: CompiledTarget) -> Member:

@@ -268,6 +268,11 @@ class Verdicts(CoreState):
         refusal = admission.refusal
         assert refusal is not None
         run.skipped += ((target, refusal, now),)  # its status is made only if it is read
+        cands = run.cands
+        if cands.members is not None and cands.pool is not None:
+            # a pool member: put behind the others while its scope is suspended
+            cands.members[cands.targets.index(target)].refused(refusal.retry_at, now)
+            cands.pool.refused = True
         if run.watched:  # the request's DEBUG events are heard, as it started
             _skipped(
                 run, target, refusal, retry_in_s=skip_status(target, refusal, now)[0].retry_after

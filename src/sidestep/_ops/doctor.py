@@ -1,12 +1,13 @@
 """`sidestep doctor`: deterministic findings about a configuration, without calling an upstream.
 
-`diagnose` runs every check in a stable order: each route's (`doctor_routes`),
-those across routes and of the global settings (`doctor_global`), and the
-store's (`doctor_store`). Reasons name routes, targets, keys and variable
-names, never a value: values may be credentials. Only `--online` talks to
-anything, and only to the configured Redis; the `store` check reads how many
-processes the command after ``--`` runs (`processes`), which may look for a
-``gunicorn.conf.py`` in the working directory.
+`diagnose` runs every check in a stable order: each route's (`doctor_routes`,
+and `doctor_pools` for a pooled route), those across routes and of the global
+settings (`doctor_global`), and the store's (`doctor_store`). Reasons name
+routes, targets, keys and variable names, never a value: values may be
+credentials. Only `--online` talks to anything, and only to the configured
+Redis; the `store` check reads how many processes the command after ``--``
+runs (`processes`), which may look for a ``gunicorn.conf.py`` in the working
+directory.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Sequence
 from .._settings.config import Config
 from .doctor_findings import Finding
 from .doctor_global import failure_rate, overlaps, variables, windows
+from .doctor_pools import pools
 from .doctor_routes import budget, buffer, is_llm, llm, redundancy, timeouts
 from .doctor_store import store
 
@@ -44,6 +46,7 @@ def diagnose(
         findings += timeouts(route, at, policy)
         findings += budget(route, at, policy)
         findings += redundancy(route, at)
+        findings += pools(route, at)
         if calls_llm:
             findings += llm(route, at, policy)
         findings += buffer(route, at, calls_llm)

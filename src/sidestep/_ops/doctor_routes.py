@@ -1,8 +1,10 @@
 """The doctor's checks of each route.
 
 Its timeouts against its total_timeout, targets its attempt budget can never
-reach, targets that share an origin and a credential, the settings a route
-to an LLM API needs, and a buffer too small for a typical answer.
+reach (on a pooled route, tiers: a pool's members are reached by spreading,
+`doctor_pools.reach`), targets that share an origin and a credential, the
+settings a route to an LLM API needs, and a buffer too small for a typical
+answer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from .._common.scopes import is_credential
 from .._settings.policies import FailoverPolicy
 from .._settings.routes import Route, Target
 from .doctor_findings import OK, UNKNOWN, WARN, Finding, n, s
+from .doctor_pools import reach
 
 __all__ = ["budget", "buffer", "is_llm", "llm", "origin", "redundancy", "timeouts"]
 
@@ -90,6 +93,9 @@ def budget(route: Route, at: str, policy: FailoverPolicy) -> Iterator[Finding]:
             keys,
         )
         return
+    if route.pooled:
+        yield _pooled_budget(route, keys, policy.max_total_attempts)
+        return
     never = [t.name for t in route.targets[policy.max_total_attempts :]]
     yield Finding(
         WARN,
@@ -97,6 +103,29 @@ def budget(route: Route, at: str, policy: FailoverPolicy) -> Iterator[Finding]:
         f"route {route.name!r}: max_total_attempts {policy.max_total_attempts} is below its"
         f" {len(route.targets)} targets: {', '.join(never)} can never be reached"
         " (skipped suspended targets cost no attempt)",
+        keys,
+    )
+
+
+def _pooled_budget(route: Route, keys: tuple[str, ...], attempts: int) -> Finding:
+    """A pooled route's budget: every member of a tier it reaches is reached (by spreading);
+    a tier is reached when the tiers before it hold fewer targets than the attempts."""
+    never = [route.targets[i].name for i in reach(route, attempts)]
+    if not never:
+        return Finding(
+            OK,
+            "budget",
+            f"route {route.name!r}: {n(attempts, 'attempt')} reach every tier; within"
+            " a pool, requests are spread over every member",
+            keys,
+        )
+    names = ", ".join(never)
+    return Finding(
+        WARN,
+        "budget",
+        f"route {route.name!r}: the tiers before {names} hold at least max_total_attempts"
+        f" ({attempts}) targets: {names} can never be reached (skipped suspended targets"
+        " cost no attempt)",
         keys,
     )
 

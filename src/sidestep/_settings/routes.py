@@ -23,12 +23,23 @@ from .._common.scopes import is_credential
 from .policies import FailoverOverrides, FailoverPolicy
 from .values import ByteSize, Model, refuse_bool, refuse_duplicates, warn
 
-__all__ = ["BALANCES", "DEFAULT_BALANCE", "Affinity", "Balance", "ProviderState", "Route", "Target"]
+__all__ = [
+    "BALANCES",
+    "DEFAULT_BALANCE",
+    "MAX_POOL",
+    "Affinity",
+    "Balance",
+    "ProviderState",
+    "Route",
+    "Target",
+]
 
 Balance = Literal["weighted", "least_in_flight", "latency"]
 BALANCES: tuple[Balance, ...] = ("weighted", "least_in_flight", "latency")
 # The strategy of a pool whose route names none (see docs/pools.md for why).
 DEFAULT_BALANCE: Balance = "latency"
+# The most members one pool (a tier of a pooled route) holds.
+MAX_POOL = 16
 
 
 # --- names, URLs, headers ------------------------------------------------------------------
@@ -312,6 +323,23 @@ class Route(Model):
                 f"once one target has a tier, every target needs one; without: {missing}"
             )
         return targets
+
+    @model_validator(mode="after")
+    def _pools_within_bounds(self) -> Route:
+        # Each request of a pool gets one of its members' orders, and the core keeps each
+        # order met per path: a bounded pool keeps that bounded (`_core.pools`).
+        if self.pooled:
+            sizes: dict[int | None, int] = {}
+            for t in self.targets:
+                sizes[t.tier] = sizes.get(t.tier, 0) + 1
+            for tier, size in sizes.items():
+                if size > MAX_POOL:
+                    which = "its targets" if tier is None else f"tier {tier}"
+                    raise ValueError(
+                        f"a pool holds at most {MAX_POOL} members; {which} has {size}"
+                        " (put the rest in a further tier, or in another route)"
+                    )
+        return self
 
     @property
     def pooled(self) -> bool:
