@@ -75,6 +75,14 @@ def b() -> Iterator[Upstream]:
     server.close()
 
 
+@pytest.fixture
+def c() -> Iterator[Upstream]:
+    """A third upstream on 127.0.0.1, named "c"."""
+    server = Upstream(name="c")
+    yield server
+    server.close()
+
+
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     """Each of the four transports: httpx and httpx2, sync and async."""

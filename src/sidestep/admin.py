@@ -6,8 +6,9 @@ and Flask. Both answer:
 
 - ``GET /`` — the status page: routes, their targets, each scope's state,
   reason and a live countdown, a *Clear* button per row;
-- ``GET /suspensions`` — ``{"routes": ..., "total": n, "next": ..., "suspensions":
-  [rows]}``, filtered by ``?route=``, ``?target=``, ``?reason=``, in ``scope_id``
+- ``GET /suspensions`` — ``{"routes": ..., "pools": ..., "total": n, "next": ...,
+  "suspensions": [rows]}`` (``pools``: each pooled route's members, as this
+  process counts them), filtered by ``?route=``, ``?target=``, ``?reason=``, in ``scope_id``
   order, ``?limit=`` rows (at most and by default 10,000) from just past
   ``?after=`` (the ``next`` of the page before); a weak ``ETag``, and 304 to an
   ``If-None-Match`` whose rows say the same;
@@ -19,7 +20,8 @@ with the token as the password, which a browser sends by itself). The app
 refuses to be built without one unless ``allow_unauthenticated=True``.
 
 The ASGI app never holds its event loop while it lists: the store is read,
-and its rows named, filtered and encoded, in worker threads.
+its rows named, filtered and encoded, and the pools' members read, in worker
+threads.
 
 Example:
     >>> api.mount("/sidestep", sidestep.admin.app(transport, token=os.environ["ADMIN_TOKEN"]))
@@ -34,9 +36,10 @@ from typing import Any
 
 import anyio.to_thread
 
+from ._core.listed import Listed
 from ._core.listing import Listing, StoreUnavailable
 from ._core.routes import Router
-from ._ops.admin import ListRows, advance, handle
+from ._ops.admin import ListReply, ListRows, advance, handle
 from ._ops.admin_answer import Answer
 from ._ops.admin_origins import Origins
 from ._ops.admin_tokens import Token, tokens_of
@@ -114,11 +117,12 @@ def app(
         effect = advance(steps, None)
         while not isinstance(effect, Answer):
             if isinstance(effect, ListRows):
-                listed: Any = None
+                taken: Listed | None = None
                 with contextlib.suppress(StoreUnavailable):
-                    listed = (await view.alisted(), view.routes(), view.clock())
-                # the filtering, the page of rows and its JSON (or the page's HTML) as well
-                effect = await anyio.to_thread.run_sync(advance, steps, listed)
+                    taken = await view.alisted()
+                # the pools, the filtering, the page of rows and its JSON (or the page's
+                # HTML) as well
+                effect = await anyio.to_thread.run_sync(_listed_step, steps, view, taken)
             else:
                 cleared: Any = None
                 with contextlib.suppress(StoreUnavailable):
@@ -176,7 +180,7 @@ def wsgi_app(
             reply: Any = None
             with contextlib.suppress(StoreUnavailable):
                 if isinstance(effect, ListRows):
-                    reply = (view.listed(), view.routes(), view.clock())
+                    reply = _reply(view, view.listed())
                 else:
                     reply = (view.clear(effect.scope_id, effect.who), view.clock())
             effect = advance(steps, reply)
@@ -185,6 +189,19 @@ def wsgi_app(
         return [] if environ.get("REQUEST_METHOD") == "HEAD" else [answer.body]
 
     return application
+
+
+def _reply(view: Listing, taken: Listed | None) -> ListReply | None:
+    """What a `ListRows` effect is answered with: the listing `taken` (None: the store
+    did not answer), the routes, the clock's reading and the pools' members."""
+    if taken is None:
+        return None
+    return (taken, view.routes(), view.clock(), view.pools())
+
+
+def _listed_step(steps: Any, view: Listing, taken: Listed | None) -> Any:
+    """The admin app's step after a listing, in a worker thread."""
+    return advance(steps, _reply(view, taken))
 
 
 _REASONS = {

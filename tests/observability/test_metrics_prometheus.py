@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +25,6 @@ from upstream import Respond, Seen, Upstream, wait_for
 
 def unavailable(seen: Seen) -> Respond:
     return Respond(503, "down")
-
-
-@pytest.fixture
-def registry() -> Iterator[CollectorRegistry]:
-    """A fresh registry with sidestep's metrics enabled in it (disabled afterwards)."""
-    registry = CollectorRegistry()
-    prometheus.enable(registry)
-    yield registry
-    prometheus.disable()
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:

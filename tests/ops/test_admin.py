@@ -282,6 +282,7 @@ def test_the_app_refuses_to_be_built_without_a_token(a: Upstream, b: Upstream) -
     with serve_asgi(open_app, lifespan="off") as url:
         assert httpx.get(f"{url}/suspensions").json() == {
             "routes": {"chat": ["primary", "backup"]},
+            "pools": {},
             "total": 0,
             "next": None,
             "suspensions": [],

@@ -27,6 +27,7 @@ import sidestep
 import sidestep.admin
 from servers import serve_asgi
 from test_admin import TOKEN, config_for, suspend_origins
+from test_admin_pools import ODD, SPENT, pooled
 from upstream import Respond, Upstream
 
 CHROMIUM = "/usr/bin/chromium"
@@ -94,6 +95,17 @@ def _row_of(driver: webdriver.Chrome, target: str) -> str:
     return str(found)
 
 
+def _waiting(driver: webdriver.Chrome, seconds: float) -> WebDriverWait[webdriver.Chrome]:
+    """A wait polling often: the page redraws its rows as it refreshes, so a row found just
+    before may be stale, and is looked for again."""
+    return WebDriverWait(
+        driver,
+        seconds,
+        poll_frequency=0.05,
+        ignored_exceptions=(StaleElementReferenceException,),
+    )
+
+
 def _save(driver: webdriver.Chrome, name: str, tmp_path: Path) -> None:
     folder = Path(os.environ.get("SIDESTEP_SCREENSHOTS") or tmp_path)
     folder.mkdir(parents=True, exist_ok=True)
@@ -112,12 +124,7 @@ def test_the_page_shows_a_real_suspension_and_its_clear_button_closes_it(
         with serve_asgi(app, lifespan="off") as url:
             browser.get(f"{url}/")
             # the page redraws its rows as it refreshes: a row found just before is stale
-            wait = WebDriverWait(
-                browser,
-                10,
-                poll_frequency=0.05,
-                ignored_exceptions=(StaleElementReferenceException,),
-            )
+            wait = _waiting(browser, 10)
             wait.until(lambda d: _row_of(d, "primary") == "open")
             assert wait.until(lambda d: _row_of(d, "backup")) == "healthy"
             first = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "tr.open td.retry").text)
@@ -213,12 +220,7 @@ def test_a_page_of_another_origin_cannot_clear_with_the_operators_cached_credent
             assert [r.scope_id for r in transport.suspensions()] == [row.scope_id]
             # the page itself (same origin, same cached credentials) still clears
             driver.get(f"http://127.0.0.1:{port}/sidestep/")
-            wait = WebDriverWait(
-                driver,
-                10,
-                poll_frequency=0.05,
-                ignored_exceptions=(StaleElementReferenceException,),
-            )
+            wait = _waiting(driver, 10)
 
             def click_clear(d: webdriver.Chrome) -> bool:
                 d.find_element(By.CSS_SELECTOR, "tr.open button.clear").click()
@@ -262,12 +264,7 @@ def test_the_page_over_2000_origins_counts_them_draws_what_is_in_view_and_still_
         (primary,) = [row for row in transport.suspensions() if row.target == "primary"]
         with serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off") as url:
             browser.get(f"{url}/")
-            wait = WebDriverWait(
-                browser,
-                20,
-                poll_frequency=0.05,
-                ignored_exceptions=(StaleElementReferenceException,),
-            )
+            wait = _waiting(browser, 20)
             # the HTML says as much (showing the first 100 origins) until the script's first draw
             wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Updated"))
             assert _summary(browser) == "2,001 scopes are not healthy: 2,001 open."
@@ -298,3 +295,63 @@ def test_the_page_over_2000_origins_counts_them_draws_what_is_in_view_and_still_
         before = a.calls
         assert client.post(f"{a.url}/v1/chat", json={}).text == "a"
         assert a.calls == before + 1
+
+
+def _pool_rows(driver: webdriver.Chrome) -> list[list[str]]:
+    """The cells' text of each member row of the pools table, read in one script."""
+    found = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#pools tr.member'), function (tr) {"
+        "  return Array.from(tr.cells, function (td) { return td.textContent; });"
+        "});"
+    )
+    return [list(map(str, row)) for row in found]
+
+
+def test_the_page_shows_each_pool_member_and_follows_its_counts(
+    browser: webdriver.Chrome, a: Upstream, b: Upstream, c: Upstream
+) -> None:
+    """Chromium shows a pooled route's members — tier, weight, in flight, latency,
+    rate-limit room, attempts and share — with a name that is markup shown as text;
+    after more requests the page's refresh shows the new counts, under its CSP."""
+    b.behaviour = lambda seen: Respond(body="b", headers=dict(SPENT))
+    transport = sidestep.FailoverTransport(pooled(a, b, c))
+    with httpx.Client(transport=transport) as client:
+        for _ in range(12):
+            client.get(f"{b.url}/v1/chat")
+        with serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off") as url:
+            browser.get(f"{url}/")
+            wait = _waiting(browser, 10)
+            wait.until(lambda d: d.find_element(By.ID, "status").text.startswith("Updated"))
+            rows = _pool_rows(browser)
+            assert [row[0] for row in rows] == ["key-a", "key-b", ODD]
+            assert [row[1:4] for row in rows] == [["0", "3", "0"], ["0", "3", "0"], ["1", "1", "0"]]
+            assert [row[5] for row in rows] == ["yes", "no", "yes"]
+            assert [row[6] for row in rows] == [str(a.calls), str(b.calls), "0"]
+            assert rows[0][4].endswith(" ms") and rows[2][4] == "—"
+            assert rows[2][7] == "0.0%" and rows[0][7].endswith("%")
+            assert not browser.find_elements(By.CSS_SELECTOR, "#pools i")  # text, not markup
+
+            for _ in range(8):
+                client.get(f"{b.url}/v1/chat")
+            assert a.calls + b.calls == 20
+            wait.until(
+                lambda d: [row[6] for row in _pool_rows(d)] == [str(a.calls), str(b.calls), "0"]
+            )
+
+
+def test_the_pools_are_readable_with_scripts_off(
+    a: Upstream, b: Upstream, c: Upstream, tmp_path: Path
+) -> None:
+    """With JavaScript disabled, Chromium shows the pools table the server wrote."""
+    transport = sidestep.FailoverTransport(pooled(a, b, c))
+    with httpx.Client(transport=transport) as client:
+        client.get(f"{b.url}/v1/chat")
+    driver = _browser(tmp_path / "profile", scripts=False)
+    try:
+        with serve_asgi(sidestep.admin.app(transport, token=TOKEN), lifespan="off") as url:
+            driver.get(f"{url}/")
+            rows = _pool_rows(driver)
+            assert [row[0] for row in rows] == ["key-a", "key-b", ODD]
+            assert sum(int(row[6]) for row in rows) == 1
+    finally:
+        driver.quit()

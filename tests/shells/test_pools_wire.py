@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -18,14 +17,6 @@ import sidestep
 from drivers import Driver, FakeClock, MakeDriver
 from sidestep._core.members import Member
 from upstream import CLIENT_TIMEOUT, Hang, Respond, Stream, Upstream, wait_for
-
-
-@pytest.fixture
-def c() -> Iterator[Upstream]:
-    """A third upstream on 127.0.0.1, named "c"."""
-    server = Upstream(name="c")
-    yield server
-    server.close()
 
 
 def pooled(*targets: tuple[str, Upstream, dict[str, Any]], **route: Any) -> dict[str, Any]:

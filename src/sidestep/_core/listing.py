@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -20,6 +21,7 @@ from .._state.protocol import ScopeStatus, StateStore, store_id
 from ..logging import emit, listening
 from .listed import Listed
 from .listing_row import Suspension
+from .pool_view import pools
 from .routes import Router
 
 __all__ = ["Listing", "StoreUnavailable"]
@@ -86,6 +88,11 @@ class Listing:
             name: [target.name for target in route.targets]
             for name, route in self.router.routes.items()
         }
+
+    def pools(self) -> dict[str, dict[str, Any]]:
+        """Each pooled route's balance and members, as this process counts them
+        (`pool_view.pools`)."""
+        return pools(self.router, self.clock())
 
     def suspensions(self) -> list[Suspension]:
         return self.listed().rows()

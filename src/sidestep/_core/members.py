@@ -13,7 +13,10 @@ slower sample is taken at once, and the estimate decays exponentially (time
 constant `DECAY`) toward the faster samples that follow, or toward zero with
 none, so an idle slow member is tried again and its recovery seen. Headroom
 is the latest rate limits the member announced (`_answers.headroom`),
-refilled over time, less what was sent since.
+refilled over time, less what was sent since. `attempts` counts the attempts
+sent to it since it was made, for the operator's view of each member's share
+(`pool_view`): an increment per attempt, which two threads racing may
+rarely lose one of (a share, not a ledger).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Member:
 
     __slots__ = (
         "__weakref__",
+        "attempts",
         "buckets",
         "flying",
         "latency",
@@ -77,6 +81,7 @@ class Member:
         self.buckets: tuple[Bucket, ...] = ()  # the rate limits it last announced
         self.seen_at = 0.0  # when, on the core's clock
         self.sent = 0  # requests sent to it since
+        self.attempts = 0  # attempts sent to it since it was made
 
     def __repr__(self) -> str:
         return (
@@ -91,6 +96,7 @@ class Member:
     def took_off(self, run: Any) -> None:
         """An attempt of `run` is being sent to this member."""
         self.flying.add(run)
+        self.attempts += 1
         if self.buckets:
             self.sent += 1  # (a lost increment is forgotten at the next announcement)
 

@@ -21,7 +21,7 @@ from .._common.errors import AllCandidatesSuspended, InvalidUpstreamBody
 from .._common.outcomes import CANCELLED
 from .._state.protocol import Ticket
 from ..logging import emit
-from .routes import CompiledTarget
+from .routes import Candidates, CompiledTarget
 from .run import CoreState, Outcome, Run
 
 __all__ = ["Watching"]
@@ -68,6 +68,9 @@ class Watching(CoreState):
     ) -> Generator[Any, Any, Outcome]:
         number = run.attempts
         route = run.route_name
+        # on a pool member, its tier: the attempt is counted in flight (`_attempt`)
+        cands = run.cands
+        pooled = {} if cands.members is None else _tier(cands, target)
         emit(
             "attempt.started",
             route=route,
@@ -75,6 +78,7 @@ class Watching(CoreState):
             attempt=number,
             origin=target.shown,
             probe=bool(ticket.probes),
+            **pooled,
         )
         started = self.clock()
         result, status, error = CANCELLED, None, None
@@ -97,11 +101,17 @@ class Watching(CoreState):
                 status=status,
                 error=error,
                 duration_s=max(0.0, self.clock() - started),
+                **pooled,
             )
 
     def _admitted(self, run: Run, target: CompiledTarget, ticket: Ticket) -> None:
         for key in ticket.probes:
             emit("probe.admitted", route=run.route_name, target=target.name, scope=key.kind.value)
+
+
+def _tier(cands: Candidates, target: CompiledTarget) -> dict[str, Any]:
+    """The ``tier`` field of an attempt on a pool member (`target`, a candidate of `cands`)."""
+    return {"tier": cands.about[cands.targets.index(target)]["tier"]}
 
 
 def attempt_result(outcome: Outcome) -> tuple[str, int | None, str | None]:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .._core.listed import Listed
 from .._core.listing_row import as_json
 from .admin_answer import API_HEADERS, Answer
 from .admin_listing import Page, listing
@@ -29,6 +30,7 @@ from .admin_tokens import Token, authorise
 __all__ = [
     "MAX_PAGE",
     "ClearRow",
+    "ListReply",
     "ListRows",
     "advance",
     "handle",
@@ -42,8 +44,12 @@ the memory store's default bound, so a listing that held every row still does.""
 
 @dataclass(frozen=True)
 class ListRows:
-    """Effect: the store's rows (a `Listed`), the configured routes, and the store's clock
-    reading (None when the store did not answer)."""
+    """Effect: the store's rows (a `Listed`), the configured routes, the store's clock
+    reading and the pooled routes' members (`ListReply`; None when the store did not
+    answer)."""
+
+
+ListReply = tuple[Listed, dict[str, list[str]], float, dict[str, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,8 @@ def handle(
         listed = yield ListRows()
         if listed is None:
             return _unavailable()
-        rows, routes, now = listed
-        return status_page(rows, routes, now, base, who)
+        rows, routes, now, pools = listed
+        return status_page(rows, routes, now, base, who, pools)
     if path == "/suspensions":
         if method not in ("GET", "HEAD"):
             return _not_allowed("GET, HEAD")
@@ -113,9 +119,9 @@ def handle(
         listed = yield ListRows()
         if listed is None:
             return _unavailable()
-        rows, routes, now = listed
+        rows, routes, now, pools = listed
         page = Page(filters, limit, params.get("after", ""), if_none_match)
-        return listing(rows, routes, now, page)
+        return listing(rows, routes, now, page, pools)
     if path.startswith("/suspensions/") and "/" not in path[len("/suspensions/") :]:
         if method != "DELETE":
             return _not_allowed("DELETE")

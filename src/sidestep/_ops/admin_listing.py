@@ -1,8 +1,9 @@
 """The admin API's listing: one page of a store's rows, filtered, with its weak ETag.
 
 `listing` answers a `Page` asked of a `Listed`: the rows that pass the filters,
-in ``scope_id`` order, from just past ``after``, encoded as JSON; or 304 when
-they say what the page the client holds said. A page, and its tag, are kept
+in ``scope_id`` order, from just past ``after``, encoded as JSON with the
+pooled routes' members (``pools``); or 304 when they say what the page the
+client holds said. A page, and its tag, are kept
 with the listing (`Listed.answers`): asked again of a store that has not
 changed, they are not worked out again.
 """
@@ -42,15 +43,25 @@ class Page:
     known: str | None
 
 
-def listing(listed: Listed, routes: dict[str, list[str]], now: float, asked: Page) -> Answer:
+def listing(
+    listed: Listed,
+    routes: dict[str, list[str]],
+    now: float,
+    asked: Page,
+    pools: Mapping[str, Any] | None = None,
+) -> Answer:
     """One page of the rows that pass the filters, in ``scope_id`` order, from just past
     ``after``; 304 when they say what the page the client holds said.
 
     ``total`` counts every row that passes; ``next`` is the ``after`` of the next
     page (None on the last), so pages join into the whole list even while scopes
-    come and go between them.
+    come and go between them. ``pools`` are the pooled routes' members, read
+    for this answer (never kept with the listing): the tag says them too.
     """
     head, page, tag = _chosen(listed, routes, asked)
+    head = {"routes": head["routes"], "pools": pools or {}, **head}
+    if pools:
+        tag = _with_pools(tag, pools)
     if _held(asked.known, tag):
         return Answer(304, [("etag", tag), ("cache-control", "no-store")], b"")
     wall = time.time()
@@ -105,6 +116,13 @@ def _tag(listed: Listed, head: dict[str, Any], page: list[ScopeStatus], turns: T
     for i in range(0, len(page), _LINES):
         digest.update("".join([listed.line(s) for s in page[i : i + _LINES]]).encode())
         turns()
+    return f'W/"{digest.hexdigest()}"'
+
+
+def _with_pools(tag: str, pools: Mapping[str, Any]) -> str:
+    """The tag of a page that also says `pools`: another whenever a member's figures move."""
+    digest = hashlib.blake2b(tag.encode(), digest_size=12)
+    digest.update(json.dumps(pools, sort_keys=True).encode())
     return f'W/"{digest.hexdigest()}"'
 
 

@@ -2,8 +2,9 @@
 
 `status_page` answers ``GET /``: the routes, their targets and each scope's
 row as a table that stays small with thousands of scopes (the page's script
-then lists them all), under a content security policy that allows the page's
-own script and style only.
+then lists them all), and under it each pooled route's members (`pool_view`),
+under a content security policy that allows the page's own script and style
+only. Every value is escaped; the script sets text, never markup.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import html
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,6 +58,9 @@ _PAGE_HEADERS = [
 ]
 
 
+_SLOTS = re.compile(r"\{\{(base|may_clear|summary|rows|pools)\}\}")
+"""The places in `admin_page.html` the page's values go."""
+
 _PER_TARGET = 20
 """Scopes the page's HTML lists under one target; a line counts the rest."""
 _ORIGINS = 100
@@ -63,15 +68,23 @@ _ORIGINS = 100
 
 
 def status_page(
-    listed: Listed, routes: dict[str, list[str]], now: float, base: str, who: Token
+    listed: Listed,
+    routes: dict[str, list[str]],
+    now: float,
+    base: str,
+    who: Token,
+    pools: Mapping[str, Any] | None = None,
 ) -> Answer:
     statuses = listed.by_id()  # the API's order, which the script keeps
-    body = (
-        _PAGE.replace("{{base}}", html.escape(base.rstrip("/") + "/"))
-        .replace("{{may_clear}}", "true" if who.may_clear else "false")
-        .replace("{{summary}}", html.escape(_summary(statuses)))
-        .replace("{{rows}}", _table(listed, statuses, routes, now))
-    ).encode()
+    values = {
+        "base": html.escape(base.rstrip("/") + "/"),
+        "may_clear": "true" if who.may_clear else "false",
+        "summary": html.escape(_summary(statuses)),
+        "rows": _table(listed, statuses, routes, now),
+        "pools": _pools(pools or {}),
+    }
+    # in one pass: a name that reads "{{pools}}" in the rows stays as it reads
+    body = _SLOTS.sub(lambda slot: values[slot[1]], _PAGE).encode()
     return Answer(200, [*_PAGE_HEADERS, ("content-length", str(len(body)))], body)
 
 
@@ -158,3 +171,44 @@ def _tr(target: str, row: dict[str, Any] | None) -> str:
         f'<td><button type="button" class="clear" data-scope="{scope_id}" disabled>Clear</button>'
         "</td></tr>"
     )
+
+
+_POOLS_NOTE = (
+    "Each pooled route's members as this process counts them: attempts in flight now,"
+    " the latency estimate (time to first byte, decaying), its headroom (whether the rate"
+    " limits it announced have room for another request), and its share of the attempts"
+    " this process has sent the route's members since it started."
+)
+
+
+def _pools(pools: Mapping[str, Any]) -> str:
+    """The pools' section, as the page first shows it; none without a pooled route."""
+    if not pools:
+        return ""
+    lines = [
+        "<h2>Pools</h2>",
+        f'<p class="note">{html.escape(_POOLS_NOTE)}</p>',
+        '<table id="pools"><thead><tr><th>member</th><th>tier</th><th>weight</th>'
+        "<th>in flight</th><th>latency</th><th>headroom</th><th>attempts</th>"
+        "<th>share</th></tr></thead>",
+    ]
+    for route, pool in pools.items():
+        title = f"{route} — balance: {pool['balance']}"
+        lines.append(f'<tbody><tr class="route"><th colspan="8">{html.escape(title)}</th></tr>')
+        for m in pool["members"]:
+            room = m["rate_limit_room"]
+            cells = (
+                m["target"],
+                str(m["tier"]),
+                f"{m['weight']:g}",
+                str(m["in_flight"]),
+                "—" if m["latency_s"] is None else f"{m['latency_s'] * 1000:.1f} ms",
+                "yes" if room else "no",
+                f"{m['attempts']:,}",
+                "—" if m["share"] is None else f"{m['share'] * 100:.1f}%",
+            )
+            shown = "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+            lines.append(f'<tr class="member{"" if room else " full"}">{shown}</tr>')
+        lines.append("</tbody>")
+    lines.append("</table>")
+    return "\n".join(lines)

@@ -15,6 +15,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,7 +24,7 @@ from .._common.outcomes import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
 from .._common.scopes import ScopeKind
 from .._state.circuit import State
 
-__all__ = ["INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
+__all__ = ["INFLIGHT", "INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
 
 MAX_ORIGINS = 100  # distinct unrouted origins labelled by name; past that, "other"
 OTHER = "other"
@@ -103,7 +104,24 @@ SUSPENDED = Instrument(
     ("target", "scope", "reason"),
     "Scopes currently open or half-open",
 )
-INSTRUMENTS = (REQUESTS, ATTEMPTS, DURATION, FAILOVERS, SKIPPED, TRANSITIONS, PROBES, SUSPENDED)
+INFLIGHT = Instrument(
+    "sidestep_inflight",
+    "sidestep.inflight",
+    "updown",
+    ("route", "target"),
+    "Attempts in flight on pooled routes' members, from their send to their verdict",
+)
+INSTRUMENTS = (
+    REQUESTS,
+    ATTEMPTS,
+    DURATION,
+    FAILOVERS,
+    SKIPPED,
+    TRANSITIONS,
+    PROBES,
+    SUSPENDED,
+    INFLIGHT,
+)
 
 Measure = tuple[Instrument, tuple[str, ...], float]
 
@@ -142,6 +160,11 @@ class Measures:
     holds, those seen before it was asked for — not one that opened again
     meanwhile; a clear or forgetting told after the scope left ``closed`` anew
     is of its former suspension, and takes nothing off.
+
+    An attempt on a pool member (its ``attempt.started`` names a ``tier``) is
+    counted in flight until its ``attempt.finished``, which comes in the same
+    thread or task: a context variable pairs the two, so an exporter enabled
+    while an attempt was in flight never takes off what it did not count.
     """
 
     def __init__(self, max_origins: int = MAX_ORIGINS) -> None:
@@ -152,15 +175,32 @@ class Measures:
         self._seen: dict[tuple[object, object], float] = {}  # when its last transition came
         self._born: dict[tuple[object, object], float] = {}  # when last seen leave closed
         self._lock = threading.Lock()
+        # the labels of the attempt on a pool member this thread or task counted in flight
+        # (an attempt's events come in the thread or task that started it): its end takes
+        # off only what its start put on, whenever the exporter was enabled
+        self._aloft: ContextVar[tuple[str, str] | None] = ContextVar(
+            f"sidestep_aloft_{id(self)}", default=None
+        )
 
     def __call__(self, event: str, fields: Mapping[str, Any]) -> list[Measure]:
+        if event == "attempt.started":
+            if not isinstance(fields.get("tier"), int):
+                return []  # not on a pool member
+            labels = self._route_target(fields)
+            self._aloft.set(labels)
+            return [(INFLIGHT, labels, 1)]
         if event == "attempt.finished":
+            measures: list[Measure] = []
+            aloft = self._aloft.get()
+            if aloft is not None:  # counted in flight at its start, here: no longer
+                self._aloft.set(None)
+                measures.append((INFLIGHT, aloft, -1))
             result = fields.get("result")
             if result not in _RESULTS:
-                return []
+                return measures
             route, target = self._route_target(fields)
             duration = fields.get("duration_s")
-            measures: list[Measure] = [(ATTEMPTS, (route, target, result), 1)]
+            measures.append((ATTEMPTS, (route, target, result), 1))
             # a cancelled attempt never got its verdict: no send-to-verdict time
             if isinstance(duration, (int, float)) and result != CANCELLED:
                 measures.append((DURATION, (route, target), float(duration)))

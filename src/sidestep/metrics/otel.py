@@ -8,8 +8,8 @@ the tracer are named ``sidestep``, with sidestep's version.
   ``sidestep.attempts``, ``sidestep.attempt.duration`` (seconds),
   ``sidestep.failovers``, ``sidestep.candidates.skipped``,
   ``sidestep.circuit.transitions``, ``sidestep.probes.admitted`` and the
-  up-down counter ``sidestep.suspended`` — with the same label rules, as
-  attributes.
+  up-down counters ``sidestep.suspended`` and ``sidestep.inflight`` — with
+  the same label rules, as attributes.
 - Traces (`sidestep.metrics._traces`): a span ``sidestep <route>`` per
   routed request, a child span per attempt, current while the inner
   transport sends (so an HTTP client instrumentation's spans nest under

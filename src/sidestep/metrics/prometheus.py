@@ -4,12 +4,13 @@
 `prometheus_client` registry and subscribes them to sidestep's events; the
 application serves the registry as it already does (``make_asgi_app()``,
 ``make_wsgi_app()``, ``start_http_server``). Every instrument is updated
-by an event as it happens — the `sidestep_suspended` gauge too, on each
-transition, with no callback collector — so ``prometheus_client``'s
-multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, gunicorn workers) adds up
-every worker's series; the gauge is a ``livesum`` there: the scopes each
-live worker has seen suspended and not yet seen let go (closed, cleared,
-forgotten by the store, or missing from a listing of it).
+by an event as it happens — the gauges too, with no callback collector —
+so ``prometheus_client``'s multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``,
+gunicorn workers) adds up every worker's series. The gauges are ``livesum``
+there: `sidestep_suspended`, the scopes each live worker has seen suspended
+and not yet seen let go (closed, cleared, forgotten by the store, or missing
+from a listing of it); `sidestep_inflight`, the attempts each live worker has
+in flight on pool members.
 """
 
 from __future__ import annotations
