@@ -33,13 +33,15 @@ def _pool(pool: Pool, now: float) -> dict[str, Any]:
     counts = [m.attempts for m in members]  # read once: the shares add up to 1
     total = sum(counts)
     rows = []
-    for member, tier, sent in zip(members, pool.tier_of, counts, strict=True):
+    # (the weights as configured, the mean standing in for none: a member draws by its
+    # share of its pool's largest)
+    for member, tier, weight, sent in zip(members, pool.tier_of, pool.weights, counts, strict=True):
         latency = member.cost(now)
         rows.append(
             {
                 "target": member.name,
                 "tier": tier,
-                "weight": member.weight,
+                "weight": weight,
                 "in_flight": member.in_flight,
                 "latency_s": round(latency, 4) if latency >= 0.0 else None,
                 "rate_limit_room": member.has_room(now),
