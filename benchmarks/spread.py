@@ -12,9 +12,12 @@ after a short warm-up (``_traffic.py``). The sizes below are the full run's;
 - **equal**: 4 equal replicas of 8 slots (0.5 s a request), 32 callers in a
   closed loop for 5 s. Targets: no member above 27% of requests; p99 within
   10% of the even split's (least in flight, the best a client can do here,
-  run in this case only).
+  run in this case only). Judged on the pools that balance by load: the
+  weighted pool draws by weight alone, blind to load by design, and is
+  shown beside them (its target is the weights case's).
 - **slow**: 2 replicas of 8 slots, the first listed 10x slower (2 s against
-  0.2 s), 32 callers for 5 s. Target: the fast one serves ≥ 85% of requests.
+  0.2 s), 32 callers for 5 s. Target: the fast one serves ≥ 85% of requests
+  (judged on the pools that balance by load, as above).
 - **keys**: 3 keys (3 deployments) of 60 requests each per window, refilled
   continuously, and 5/6 of their total offered at a steady rate for 8 s:
   the issue's 60 requests/min per key under 150/min, with the minute scaled
@@ -202,9 +205,17 @@ def about(case: str, members: list[str], note: str, line: Lineup) -> list[Row]:
     return rows
 
 
-def judged(runs: Mapping[str, Run]) -> dict[str, tuple[Run, str]]:
-    """The runs the targets are judged on: each sidestep pool's, else the ranked route's."""
-    pools = {name: (run, "") for name, run in runs.items() if name.startswith("sidestep pool")}
+def judged(runs: Mapping[str, Run], by_load: bool = False) -> dict[str, tuple[Run, str]]:
+    """The runs the targets are judged on: each sidestep pool's, else the ranked route's.
+    With `by_load` (the cases that measure spreading by load), not the weighted pool's:
+    it draws by weight alone, blind to load by design (its target is the weights case's),
+    and its row stays in the table beside the others."""
+    blind = pool_name("weighted") if by_load else None
+    pools = {
+        name: (run, "")
+        for name, run in runs.items()
+        if name.startswith("sidestep pool") and name != blind
+    }
     if pools or RANKED not in runs:
         return pools
     return {RANKED: (runs[RANKED], f"{NO_POOLS}: judged on the ranked route")}
@@ -245,7 +256,7 @@ async def equal(servers: Deployments, s: Sizes) -> list[Row]:
     )
     rows += grid("equal", table)
     base = table.get(EVEN, {}).get("p99", float("nan"))
-    for name, (run, note) in judged(runs).items():
+    for name, (run, note) in judged(runs, by_load=True).items():
         top = max(run.share(m) for m in members)
         rows.append(
             b.verdict(SCENARIO, f"equal, {name}: no member above 27%", top, "%", top <= 27, note)
@@ -267,7 +278,7 @@ async def slow(servers: Deployments, s: Sizes) -> list[Row]:
     times = f"{s.slow_service * 10:g} s and {s.slow_service:g} s"
     note = f"8 slots each, {times} a request; {CALLERS} callers"
     rows = about("slow", members, note, line) + grid("slow", table)
-    for name, (run, why) in judged(runs).items():
+    for name, (run, why) in judged(runs, by_load=True).items():
         fast = run.share("fast")
         rows.append(
             b.verdict(SCENARIO, f"slow, {name}: the fast one >= 85%", fast, "%", fast >= 85, why)

@@ -83,14 +83,44 @@ def test_least_in_flight_prefers_the_less_loaded() -> None:
     assert firsts(heavy, 100) == Counter({"a": 100})
 
 
-def test_two_choices_among_many_spread_the_rest() -> None:
-    """With three members the busiest is never first, and the two others share the first place."""
-    p = pool("least_in_flight", ("a", None, None), ("b", None, None), ("c", None, None))
-    for token in range(5):
-        p.members[0].took_off(token)
+def test_every_member_is_compared_not_two_drawn() -> None:
+    """Of four members, the only one with nothing in flight goes first every time (two
+    drawn at random would miss it half the time); the others share the ties."""
+    p = pool("least_in_flight", *((n, None, None) for n in "abcd"))
+    for name, load in zip("abc", (2, 1, 1), strict=True):
+        member = next(m for m in p.members if m.name == name)
+        for token in range(load):
+            member.took_off((name, token))
+    assert firsts(p, 1000) == Counter({"d": 1000})
+    p.members[3].took_off("d")  # now b, c and d tie at one each: a is never first
     counts = firsts(p, 3000)
     assert "a" not in counts
-    assert abs(counts["b"] - counts["c"]) < 300
+    assert min(counts.values()) > 800, counts
+
+
+def test_latency_compares_every_member_and_its_load() -> None:
+    """Under latency balance the member of least latency * (in flight + 1) goes first:
+    the fastest while idle, and the next fastest once the fastest holds enough."""
+    p = pool("latency", *((n, None, None) for n in "abcd"))
+    for m, seconds in zip(p.members, (0.4, 0.1, 0.3, 0.2), strict=True):
+        m.sample(seconds, 0.0)
+    assert firsts(p, 200) == Counter({"b": 200})
+    for token in range(2):  # 0.1 * 3 against d's 0.2 * 1
+        p.members[1].took_off(token)
+    assert firsts(p, 200) == Counter({"d": 200})
+
+
+def test_latency_estimates_hold_at_any_clock_reading() -> None:
+    """A clock read in the millions of seconds, samples of zero, and one member not
+    measured yet leave every estimate finite, and the picks work."""
+    p = pool("latency", ("a", None, None), ("b", None, None), ("new", None, None))
+    now = 5e6
+    p.members[0].sample(0.0, now)
+    p.members[1].sample(2.0, now)
+    assert 0.0 < p.members[0].cost(now) < 1e-6
+    assert p.members[1].cost(now + 3600) == pytest.approx(2.0 * 2.718281828 ** (-360), rel=1e-6)
+    counts = firsts(p, 1000, now=now + 1)
+    assert "b" not in counts and counts["a"] > 300 and counts["new"] > 300, counts
 
 
 def test_latency_moves_share_away_from_a_slow_member_and_back() -> None:

@@ -4,8 +4,10 @@ they end (answers, failures, streams, cancellations, 32 threads at once)."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 import sidestep
 from drivers import Driver, FakeClock, MakeDriver
 from sidestep._core.members import Member
+from sidestep._settings.values import SidestepConfigWarning
 from upstream import CLIENT_TIMEOUT, Hang, Respond, Stream, Upstream, wait_for
 
 
@@ -288,3 +291,74 @@ def test_transports_over_one_configuration_share_their_members(a: Upstream, b: U
     assert pools[2].members[1] is pools[0].members[1]
     for t in transports:
         t.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("flavour", ["httpx", "httpx2"])
+async def test_requests_picked_at_once_over_a_shared_store_spread_one_to_each(
+    flavour: str, tmp_path: Any, a: Upstream, b: Upstream, c: Upstream
+) -> None:
+    """Over a shared store, whose admission is awaited, three requests sent at once to
+    an idle least-in-flight pool of three go one to each member: each request is counted
+    on its member from its pick, so the next pick sees it; afterwards none is counted."""
+    import httpx2
+
+    gate = threading.Event()
+    for u in (a, b, c):
+        u.behaviour = lambda _, name=u.name: Respond(body=name, gate=gate)
+    config = pooled(("a", a, {}), ("b", b, {}), ("c", c, {}), balance="least_in_flight", breaker={})
+    store = sidestep.SqliteStore(str(tmp_path / "state.db"), timeout=CLIENT_TIMEOUT)
+    http: Any = httpx2 if flavour == "httpx2" else httpx
+    module: Any = sidestep.httpx2 if flavour == "httpx2" else sidestep
+    transport = module.AsyncFailoverTransport(config, store=store)
+    transport._core._random = random.Random(3).random  # (ties drawn alike each run)
+    pool = transport._core.router.routes["chat"].pool
+    assert pool is not None
+    async with http.AsyncClient(transport=transport, timeout=CLIENT_TIMEOUT) as client:
+        texts: list[str] = []
+
+        async def one() -> None:
+            texts.append((await client.get(a.url + "/v1/chat")).text)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(one)
+            await anyio.to_thread.run_sync(wait_for, lambda: a.calls + b.calls + c.calls == 3)
+            assert [m.in_flight for m in pool.members] == [1, 1, 1]
+            gate.set()
+        assert sorted(texts) == ["a", "b", "c"]
+        assert [m.in_flight for m in pool.members] == [0, 0, 0]
+
+
+@pytest.mark.anyio
+async def test_a_request_held_for_its_member_gives_it_back_however_it_ends(
+    tmp_path: Any, a: Upstream, b: Upstream
+) -> None:
+    """Over a shared store, a request counted on its member from its pick is counted
+    there no longer once it ends, with or without an attempt on it: failed over from a
+    suspended member, refused by every member (`AllCandidatesSuspended`), or
+    cancelled while its admission is awaited."""
+    config = pooled(("a", a, {}), ("b", b, {}), balance="least_in_flight")
+    store = sidestep.SqliteStore(str(tmp_path / "state.db"), timeout=CLIENT_TIMEOUT)
+    with warnings.catch_warnings():  # (a failure_threshold of 1: one 503 suspends)
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        transport = sidestep.AsyncFailoverTransport(config, store=store)
+    transport._core._random = random.Random(3).random
+    pool = transport._core.router.routes["chat"].pool
+    assert pool is not None
+    async with httpx.AsyncClient(transport=transport, timeout=CLIENT_TIMEOUT) as client:
+        for _ in range(20):  # cancelled at once: mostly while its admission is awaited
+            with anyio.move_on_after(0):
+                await client.get(a.url + "/v1/chat")
+            assert [m.in_flight for m in pool.members] == [0, 0]
+        a.behaviour = lambda _: Respond(503)  # suspended at its first failure
+        for _ in range(6):  # some picked for a: refused there (or failed), answered by b
+            assert (await client.get(a.url + "/v1/chat")).status_code == 200
+            assert [m.in_flight for m in pool.members] == [0, 0]
+        b.behaviour = lambda _: Respond(503)
+        with contextlib.suppress(sidestep.AllCandidatesSuspended):
+            await client.get(a.url + "/v1/chat")  # b suspended too, by its 503
+        for _ in range(3):  # every member suspended: refused with no attempt
+            with pytest.raises(sidestep.AllCandidatesSuspended):
+                await client.get(a.url + "/v1/chat")
+            assert [m.in_flight for m in pool.members] == [0, 0]

@@ -19,7 +19,7 @@ from .candidates import Candidacy
 from .endings import Endings
 from .routes import Candidates, CompiledTarget
 from .run import Ready, Run
-from .spreading import Spreading, answered, landed, took_off
+from .spreading import Spreading, answered, landed
 from .verdicts import Verdicts
 
 __all__ = ["FastPath", "key_parts"]
@@ -86,7 +86,14 @@ class FastPath(Candidacy, Endings, Spreading, Verdicts):
         if self._blocking or not self._fast_path or listening():
             # Every admission is an effect, or someone listens for the request's
             # own events, which start before any admission.
-            return self._start(request, cands)
+            run = self._start(request, cands)
+            if self._blocking and cands.members is not None:
+                # Counted in flight on the member it was picked for from now, not from
+                # its attempt: requests picked while its admission is awaited see it
+                # (`landed` ends it, with or without an attempt).
+                run.aloft = cands.members[0]
+                run.aloft.hold(request)
+            return run
         lane = cands.lane
         unhealthy = None  # the lane's origin, when it was found not healthy
         try:
@@ -115,35 +122,40 @@ class FastPath(Candidacy, Endings, Spreading, Verdicts):
         quick = self._quick and cands.plain
         targets = cands.targets
         others = cands.others
-        for index, target in enumerate(targets):
-            if index and index in others and self._kept_out(run, target):
-                continue  # the request names state kept by its own target's provider
-            if quick:
-                # (a lane's first candidate found not healthy above is not asked twice)
-                seq = None if unhealthy is target.origin else healthy(target.origin)
-                if seq is not None:
-                    if index or not cands.direct:
-                        self._candidate(run, index, target)
-                    run.index, run.seq, run.ready = index, seq, True
-                    if cands.members is not None:
-                        took_off(run, cands.members[index])
-                    run.sent_at = self.clock()
-                    return run.sent, run, seq, run.sent_at, self.closes
+        try:
+            for index, target in enumerate(targets):
+                if index and index in others and self._kept_out(run, target):
+                    continue  # the request names state kept by its own target's provider
+                if quick:
+                    # (a lane's first candidate found not healthy above is not asked twice)
+                    seq = None if unhealthy is target.origin else healthy(target.origin)
+                    if seq is not None:
+                        if index or not cands.direct:
+                            self._candidate(run, index, target)
+                        run.index, run.seq, run.ready = index, seq, True
+                        if cands.members is not None:  # (`took_off`, with nothing held)
+                            run.aloft = cands.members[index]
+                            run.aloft.took_off(request)
+                        run.sent_at = self.clock()
+                        return run.sent, run, seq, run.sent_at, self.closes
+                    now = self.clock()
+                    refused = self._origin_refused(target.origin, self.breaker, now)
+                    if refused is not None:
+                        # refused as the store would refuse it: no request rebuilt, no key made
+                        self._refused(run, target, refused, now)
+                        continue
+                self._candidate(run, index, target)
+                facts = self._scope_facts(run, target)
                 now = self.clock()
-                refused = self._origin_refused(target.origin, self.breaker, now)
-                if refused is not None:
-                    # refused as the store would refuse it: no request rebuilt, no key made
-                    self._refused(run, target, refused, now)
+                admission = self.store.admit(facts, self.breaker, now)
+                if admission.ticket is None:
+                    self._refused(run, target, admission, now)
                     continue
-            self._candidate(run, index, target)
-            facts = self._scope_facts(run, target)
-            now = self.clock()
-            admission = self.store.admit(facts, self.breaker, now)
-            if admission.ticket is None:
-                self._refused(run, target, admission, now)
-                continue
-            run.index, run.admission = index, admission
-            return run
+                run.index, run.admission = index, admission
+                return run
+        except BaseException:
+            landed(run)  # (the member it was picked for holds it no longer)
+            raise
         run.index = len(targets)  # every candidate refused: `handle` ends it
         return run
 
@@ -174,8 +186,9 @@ class FastPath(Candidacy, Endings, Spreading, Verdicts):
         index = run.index
         target = run.cands.targets[index]
         member = run.aloft
-        if member is not None:  # its attempt on a pool member is over
-            landed(run)
+        if member is not None:  # its attempt on a pool member is over (`landed`, inline)
+            run.aloft = None
+            member.landed(run.request)
             now = self.clock()
             answered(run.cands, member, now - run.sent_at, response.headers, now)
         if self._failing or self._healthy(target.origin) is None:

@@ -262,3 +262,5 @@ class Core(FastPath, Attempting, Watching):
                 last, run.last = run.last, None
                 yield Close(last)
             raise
+        finally:
+            landed(run)  # nor does the member it was picked for, held with no attempt

@@ -11,7 +11,10 @@ nothing, so the count cannot drift. Latency is a peak-sensitive moving
 average of the time to first byte (Finagle's and Linkerd's *peak EWMA*): a
 slower sample is taken at once, and the estimate decays exponentially (time
 constant `DECAY`) toward the faster samples that follow, or toward zero with
-none, so an idle slow member is tried again and its recovery seen. Headroom
+none, so an idle slow member is tried again and its recovery seen. It is
+kept as a logarithm (`level`: log of the estimate plus the time over
+`DECAY`), so that decaying it is a subtraction and taking a sample a
+maximum: a pick compares members with no exponential worked out. Headroom
 is the latest rate limits the member announced (`_answers.headroom`),
 refilled over time, less what was sent since. `attempts` counts the attempts
 sent to it since it was made, for the operator's view of each member's share
@@ -29,10 +32,13 @@ from typing import Any
 
 from .._answers.headroom import SIGNS, Bucket, announced, has_room
 
-__all__ = ["DECAY", "Member", "announces", "shared"]
+__all__ = ["DECAY", "LEAST_LATENCY", "Member", "announces", "shared"]
 
 # Seconds over which the latency estimate forgets a sample (the time constant).
 DECAY = 10.0
+# The least time to first byte a sample counts as (a fake clock may measure none).
+LEAST_LATENCY = 1e-9
+_LOG_LEAST = math.log(LEAST_LATENCY)
 # The longest a refused member is put behind the others before it is asked about again.
 RECHECK = 5.0
 _SIGNS = frozenset(name.encode("ascii") for name in SIGNS)
@@ -61,23 +67,27 @@ class Member:
         "attempts",
         "buckets",
         "flying",
-        "latency",
+        "level",
+        "log_weight",
         "name",
+        "per_weight",
         "refused_until",
         "seen_at",
         "sent",
-        "stamp",
         "weight",
     )
 
     def __init__(self, name: str, weight: float) -> None:
         self.name = name
         self.weight = weight
+        self.per_weight = 1.0 / weight if weight > 0.0 else math.inf  # (a share may underflow)
+        self.log_weight = -math.log(weight) if weight > 0.0 else math.inf  # log(per_weight)
         self.flying: set[Any] = set()  # the requests being sent to it
         # until when a pool puts it behind the others: it was refused admission
         self.refused_until = 0.0
-        self.latency = -1.0  # the latency estimate at `stamp`, seconds (-1: no sample yet)
-        self.stamp = 0.0
+        # the latency estimate: its logarithm plus the time of reading over DECAY, so the
+        # estimate at `now` is exp(level - now / DECAY) (-inf: no sample yet)
+        self.level = -math.inf
         self.buckets: tuple[Bucket, ...] = ()  # the rate limits it last announced
         self.seen_at = 0.0  # when, on the core's clock
         self.sent = 0  # requests sent to it since
@@ -86,7 +96,7 @@ class Member:
     def __repr__(self) -> str:
         return (
             f"Member(name={self.name!r}, weight={self.weight}, in_flight={len(self.flying)},"
-            f" latency={self.latency:.4f})"
+            f" level={self.level:.4f})"
         )
 
     @property
@@ -94,7 +104,8 @@ class Member:
         return len(self.flying)
 
     def took_off(self, run: Any) -> None:
-        """An attempt of `run` is being sent to this member."""
+        """An attempt of `run` is being sent to this member (counted in flight already if
+        `run` was held for it: `hold`)."""
         self.flying.add(run)
         self.attempts += 1
         if self.buckets:
@@ -106,24 +117,29 @@ class Member:
         early, or open until cleared, is asked about again)."""
         self.refused_until = min(retry_at, now + RECHECK)
 
+    def hold(self, run: Any) -> None:
+        """`run` was given this member first: counted in flight from now, so that requests
+        picked before its attempt goes (its admission awaited) see it, not an idle member."""
+        self.flying.add(run)
+
     def landed(self, run: Any) -> None:
         """`run`'s attempt on this member has its verdict (harmless if it had none in flight)."""
         self.flying.discard(run)
 
     def cost(self, now: float) -> float:
         """The latency estimate at `now`, decayed since its last sample (-1: none yet)."""
-        latency = self.latency
-        if latency <= 0.0:
-            return latency
-        return latency * math.exp((self.stamp - now) / DECAY)
+        level = self.level
+        if level == -math.inf:
+            return -1.0
+        return math.exp(level - now / DECAY)
 
     def sample(self, seconds: float, now: float) -> None:
-        """A time to first byte of `seconds`, measured at `now`: a slower one than the
-        estimate is taken at once; the estimate decays toward faster ones (`cost`)."""
-        if seconds < self.latency:  # (no slower than the estimate undecayed: no decay to work out)
-            seconds = max(seconds, self.cost(now))
-        self.latency = seconds
-        self.stamp = now
+        """A time to first byte of `seconds`, measured at `now`: the estimate becomes the
+        larger of it and the estimate decayed to `now` (a slower sample is taken at once,
+        and the estimate decays toward faster ones). Two threads racing keep one sample."""
+        level = (math.log(seconds) if seconds > LEAST_LATENCY else _LOG_LEAST) + now / DECAY
+        if level > self.level:
+            self.level = level
 
     def heard(self, headers: Mapping[str, str], now: float, wall_now: float) -> None:
         """An answer's headers: the rate limits they announce, if any, replace the last."""

@@ -10,19 +10,24 @@ so on, so failover stays within a pool before it moves to the next tier.
   one with a single random number; a larger pool (up to `MAX_POOL`) draws its
   first two by weight and keeps the rest as listed, so that the orders it
   gives stay few (the core keeps each one it meets, per path).
-- ``least_in_flight``: power of two choices: an order drawn by weight, whose
-  first two are swapped when the second has fewer attempts in flight per unit
-  of weight (on a tie the first stays: at light load, weights decide).
+- ``least_in_flight``: the member with the fewest attempts in flight per unit
+  of weight first, then the rest of its pool as listed (on a tie, an order
+  drawn by weight: at light load, weights decide). Every member of the pool is
+  compared, not two drawn at random: the counts are this process's own and
+  exact (a request is counted from its pick where its admission is awaited:
+  `Member.hold`), and a pool has at most `MAX_POOL` members; the power of
+  two choices is the remedy for counts that are late or too many to read,
+  and on four equal replicas it took the p99 to 1.4x (docs/pools.md).
 - ``latency``: the same, on the cost latency * (in flight + 1) / weight,
   where latency is the member's decaying peak estimate (`members.Member`);
-  a member with none yet counts as the fastest measured.
+  a member with none yet counts as the fastest measured in its pool.
 - An affinity key ranks each pool by weighted rendezvous hashing instead
   (`affinity.rendezvous`); a member refused admission is skipped, and its
   keys go to their next choice.
 - Whatever the strategy, a member that cannot take a request now goes
   behind those that can (it is never left out): one whose announced rate
   limits have no room left, or one refused admission a moment ago (its scope
-  suspended: `Member.refused_until`), so that two choices are made between
+  suspended: `Member.refused_until`), so that the choice is made between
   members that can answer.
 
 Pure apart from the members' statistics it reads: the random numbers and
@@ -35,12 +40,12 @@ import itertools
 import math
 from bisect import bisect
 from collections.abc import Callable, Sequence
-from math import exp
+from math import log
 from typing import TYPE_CHECKING, Any
 
 from .._settings.routes import DEFAULT_BALANCE
 from .affinity import rendezvous, seed
-from .members import DECAY, Member, shared
+from .members import DECAY, LEAST_LATENCY, Member, shared
 from .memories import remember
 
 if TYPE_CHECKING:
@@ -50,9 +55,12 @@ __all__ = ["TABLED", "Pool", "pool_of"]
 
 # Pools of up to this many members draw their order from a table of permutations.
 TABLED = 6
-# The least latency a cost is worked out from: an estimate decayed near zero still
-# lets the attempts in flight count.
-_LEAST_LATENCY = 1e-9
+# The log of the least latency a cost is worked out from: an estimate decayed near zero
+# still lets the attempts in flight count.
+_LOG_LEAST = math.log(LEAST_LATENCY)
+# log(n + 1) for the counts of attempts in flight met most often
+_LOGGED = 256
+_LOG_UP = tuple(math.log(n + 1) for n in range(_LOGGED))
 
 Order = tuple[int, ...]
 Random = Callable[[], float]
@@ -89,12 +97,13 @@ class _Tier:
                 self.total += probability
                 self.cumulative.append(self.total)
                 self.orders.append(tuple(positions[i] for i in perm))
+            # (the last without end: a draw rounded up to the total still finds an order)
+            self.cumulative[-1] = math.inf
 
     def weighted(self, random: Random) -> Order:
         """An order drawn weighted at random, without replacement."""
         if self.orders:
-            found = bisect(self.cumulative, random() * self.total)
-            return self.orders[min(found, len(self.orders) - 1)]
+            return self.orders[bisect(self.cumulative, random() * self.total)]
         # A larger pool: its first two drawn by weight, the rest as listed, so that the
         # orders a pool gives stay few (each is kept per path: `spreading`).
         left = list(range(len(self.positions)))
@@ -140,7 +149,9 @@ class Pool:
     """
 
     __slots__ = (
+        "_fronts",
         "_latency",
+        "_measured",
         "_one",
         "_tiers",
         "_weighted",
@@ -151,6 +162,7 @@ class Pool:
         "refused",
         "tier_of",
         "tiers",
+        "timed",
         "weights",
     )
 
@@ -191,6 +203,11 @@ class Pool:
         self._tiers = tuple(
             _Tier(tier, [shares[i] for i in tier], [names[i] for i in tier]) for tier in self.tiers
         )
+        # each position first, then the rest of its pool as listed
+        self._fronts = tuple(
+            (i, *(j for j in next(t for t in self.tiers if i in t) if j != i))
+            for i in range(len(names))
+        )
         # Whether any member announced rate limits: only then is headroom looked at.
         self.limited = False
         # Whether any member was refused admission: only then are refusals looked at.
@@ -199,6 +216,10 @@ class Pool:
         self._one = self._tiers[0] if len(self._tiers) == 1 and len(names) > 1 else None
         self._weighted = balance == "weighted"
         self._latency = balance == "latency"
+        # Whether every member has a latency estimate (`_all_measured`).
+        self._measured = False
+        # Whether an order depends on the time even with no refusal nor rate limit.
+        self.timed = self._latency
 
     def __repr__(self) -> str:
         return f"Pool(balance={self.balance!r}, tiers={self.tiers!r})"
@@ -208,10 +229,12 @@ class Pool:
         members as the strategy, or the affinity `key`, ranks them, tier after tier."""
         one = self._one
         if one is not None and key is None and not (self.limited or self.refused):
-            # the common case, quickly
-            if self._weighted:
-                return one.weighted(random)
-            return self._two_choices(one.weighted(random), now)
+            # the common case, quickly: `_Tier.weighted`, inline for a tabled pool
+            if one.orders:
+                drawn = one.orders[bisect(one.cumulative, random() * one.total)]
+            else:
+                drawn = one.weighted(random)
+            return drawn if self._weighted else self._least(drawn, now)
         out: Order = ()
         hashed = None if key is None else seed(key)
         for tier in self._tiers:
@@ -222,50 +245,74 @@ class Pool:
                 # (a member refused admission is skipped, its keys to their next choice)
                 ranked = tier.ranked(hashed)
                 if self.limited:
-                    ranked = self._behind(ranked, now)
+                    ranked = self._behind(ranked, now)[0]
             else:
                 ranked = tier.weighted(random)
+                able = len(ranked)
                 if self.limited or self.refused:
-                    ranked = self._behind(ranked, now)
+                    ranked, able = self._behind(ranked, now)
                 if not self._weighted:
-                    ranked = self._two_choices(ranked, now)
+                    ranked = self._least(ranked, now, able)
             out = ranked if not out else out + ranked
         return out
 
-    def _two_choices(self, drawn: Order, now: float) -> Order:
-        """An order drawn by weight whose first two are swapped if the second costs less
-        (on a tie the first, drawn by weight, stays first: weights count at light load)."""
-        first, second = drawn[0], drawn[1]
+    def _least(self, drawn: Order, now: float, able: int = 0) -> Order:
+        """The member that costs least of the first `able` of an order drawn by weight
+        (all, if 0: those that can take a request now), then the rest of its pool as
+        listed (an order made once: failover is rare, a pick is per request); on a
+        tie, the order drawn (at light load, weights decide)."""
         members = self.members
-        a, b = members[first], members[second]
+        best, least = drawn[0], math.inf
+        whole = not able or able == len(drawn)
+        if not whole:
+            drawn, late = drawn[:able], drawn[able:]
         if self._latency:
-            # each one's `Member.cost`, inline: a call is a good part of a pick's time
-            la, lb = a.latency, b.latency
-            if la > 0.0:
-                la *= exp((a.stamp - now) / DECAY)
-            if lb > 0.0:
-                lb *= exp((b.stamp - now) / DECAY)
-            if la < 0.0 or lb < 0.0:
-                fastest = self._fastest(now)
-                la, lb = (fastest if la < 0.0 else la), (fastest if lb < 0.0 else lb)
-            la, lb = max(la, _LEAST_LATENCY), max(lb, _LEAST_LATENCY)
-            cost_a = la * (len(a.flying) + 1) / a.weight
-            cost_b = lb * (len(b.flying) + 1) / b.weight
+            # the log of `Member.cost` times (in flight + 1) / weight: one subtraction
+            # decays an estimate (`Member.level`), which counts as `LEAST_LATENCY` at least
+            floor = now / DECAY + _LOG_LEAST
+            if not (self._measured or self._all_measured()):
+                # one with none yet counts as the fastest measured
+                fastest = math.inf
+                for i in drawn:
+                    level = members[i].level
+                    if -math.inf < level < fastest:
+                        fastest = level
+                if fastest > floor and fastest != math.inf:
+                    floor = fastest  # (every measured one is at least that, none below it)
+            for i in drawn:
+                m = members[i]
+                cost = m.level
+                if cost < floor:
+                    cost = floor
+                n = len(m.flying)
+                if n:  # (the log of n + 1: none to work out for an idle member)
+                    cost += _LOG_UP[n] if n < _LOGGED else log(n + 1)
+                cost += m.log_weight
+                if cost < least:
+                    best, least = i, cost
         else:
-            cost_a = len(a.flying) / a.weight
-            cost_b = len(b.flying) / b.weight
-        if cost_b < cost_a:
-            return (second, first, *drawn[2:])
-        return drawn
+            if whole and not members[best].flying:
+                return drawn  # none in flight on the one drawn first: none costs less
+            for i in drawn:
+                m = members[i]
+                cost = len(m.flying) * m.per_weight
+                if cost < least:
+                    best, least = i, cost
+        if not whole:
+            return (best, *(i for i in drawn if i != best), *late)
+        if best == drawn[0] and len(drawn) <= TABLED:
+            return drawn
+        return self._fronts[best]
 
-    def _fastest(self, now: float) -> float:
-        """The least latency estimate among the members that have one (1.0 if none has)."""
-        measured = [c for m in self.members if (c := m.cost(now)) >= 0.0]
-        return min(measured) if measured else 1.0
+    def _all_measured(self) -> bool:
+        """Whether every member has a latency estimate (for good, once it is so)."""
+        self._measured = all(m.level > -math.inf for m in self.members)
+        return self._measured
 
-    def _behind(self, ranked: Order, now: float) -> Order:
+    def _behind(self, ranked: Order, now: float) -> tuple[Order, int]:
         """`ranked` with the members that cannot take a request now moved behind the
-        others: out of rate-limit room, or refused admission a moment ago (`refused`)."""
+        others (out of rate-limit room, or refused admission a moment ago: `refused`),
+        and how many can."""
         members = self.members
         late = [
             i
@@ -273,5 +320,5 @@ class Pool:
             if members[i].refused_until > now or (self.limited and not members[i].has_room(now))
         ]
         if not late or len(late) == len(ranked):
-            return ranked
-        return tuple(i for i in ranked if i not in late) + tuple(late)
+            return ranked, len(ranked)
+        return tuple(i for i in ranked if i not in late) + tuple(late), len(ranked) - len(late)

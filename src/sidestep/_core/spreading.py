@@ -7,7 +7,9 @@ attribution read it as they read a ranked route's. A request that names
 state kept by one provider is not spread: it keeps the route's ranked order
 (`provider_state`). The functions below count each attempt on its member
 from its send to its verdict, and take from each answer its time to first
-byte and the rate limits it announces.
+byte and the rate limits it announces. Where admission awaits the store, a
+request is counted on the member it was picked for from its pick
+(`FastPath.decide`), so that the requests picked meanwhile see it.
 """
 
 from __future__ import annotations
@@ -42,9 +44,38 @@ class Spreading(CoreState):
     def _spread(self, cands: Candidates, request: Any) -> Candidates:
         """The candidates of `request`, matched to the pooled route of `cands`, in the
         order its pools give it (or the ranked order, when it names provider state)."""
-        route, pool, variants = cands.route, cands.pool, cands.variants
-        if route is None or pool is None or variants is None:
+        pool, variants = cands.pool, cands.variants
+        if pool is None or variants is None:
             return cands  # (only a pooled route's candidates have variants)
+        if pool.affinity is not None or cands.pinned:
+            return self._looked_at(cands, pool, variants, request)
+        if cands.others:  # other provider accounts: the request's body may name state
+            try:
+                if request._content:  # (none, for most calls but an API's own)
+                    return self._looked_at(cands, pool, variants, request)
+            except AttributeError:  # a body still to stream
+                return self._looked_at(cands, pool, variants, request)
+        # the common case, quickly: nothing about the request itself to look at
+        now = self.clock() if pool.limited or pool.refused or pool.timed else 0.0
+        order = pool.order(self._random, now)
+        found = variants.get(order)
+        if found is None:
+            assert cands.route is not None  # (a pooled route's candidates)
+            variant = _variant(cands.route, pool, cands, order, pool.balance)
+            found = remember(variants, order, variant)
+        return found
+
+    def _looked_at(
+        self,
+        cands: Candidates,
+        pool: Pool,
+        variants: dict[tuple[int, ...], Candidates],
+        request: Any,
+    ) -> Candidates:
+        """`_spread` for a request whose body or headers count: one that may name provider
+        state, or carry an affinity key."""
+        route = cands.route
+        assert route is not None  # (a pooled route's candidates)
         try:
             content = request._content
         except AttributeError:
@@ -66,7 +97,7 @@ class Spreading(CoreState):
             key = None
             if pool.affinity is not None:
                 key = key_of(pool.affinity, request.headers, content)
-            now = self.clock() if pool.limited or pool.refused or pool.balance == "latency" else 0.0
+            now = self.clock() if pool.limited or pool.refused or pool.timed else 0.0
             order = pool.order(self._random, now, key)
             balance = pool.balance
             if key is not None:
@@ -101,13 +132,18 @@ def _variant(
 
 
 def took_off(run: Run, member: Member) -> None:
-    """`run`'s attempt is being sent to `member`."""
+    """`run`'s attempt is being sent to `member` (no longer held by the member it was
+    picked for, if that one was refused)."""
+    held = run.aloft
+    if held is not None and held is not member:
+        held.landed(run.request)
     member.took_off(run.request)
     run.aloft = member
 
 
 def landed(run: Run) -> None:
-    """`run`'s attempt in flight, if any, has its verdict (or will never have one)."""
+    """`run`'s attempt in flight, if any, has its verdict (or will never have one), or
+    the member it was picked for will have none of it."""
     member = run.aloft
     if member is not None:
         run.aloft = None
