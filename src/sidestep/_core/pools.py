@@ -5,13 +5,12 @@ one tier are a pool. Each request gets its own order (`Pool.order`): the
 first tier's members as the strategy ranks them, then the next tier's, and
 so on, so failover stays within a pool before it moves to the next tier.
 
-- ``weighted``: weighted random without replacement. Up to `TABLED` members,
-  every permutation's probability is worked out once, and a request draws
-  one with a single random number; a larger pool (up to `MAX_POOL`) draws its
-  first two by weight and keeps the rest as listed, so that the orders it
-  gives stay few (the core keeps each one it meets, per path).
+- ``weighted``: a member drawn at random by weight (one random number, one
+  bisection), then the rest of its pool as listed. Only the first member is
+  drawn: failover past it is rare, and a pool of n members then gives n
+  orders, each made once per path (`spreading`), not n! of them.
 - ``least_in_flight``: the member with the fewest attempts in flight per unit
-  of weight first, then the rest of its pool as listed (on a tie, an order
+  of weight first, then the rest of its pool as listed (on a tie, the member
   drawn by weight: at light load, weights decide). Every member of the pool is
   compared, not two drawn at random: the counts are this process's own and
   exact (a request is counted from its pick where its admission is awaited:
@@ -53,7 +52,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TABLED", "Pool", "pool_of"]
 
-# Pools of up to this many members draw their order from a table of permutations.
+# An affinity key orders a pool of up to this many members wholly by rendezvous
+# hashing; a larger one, its first two, then the rest as listed (few orders kept).
 TABLED = 6
 # The log of the least latency a cost is worked out from: an estimate decayed near zero
 # still lets the attempts in flight count.
@@ -67,11 +67,11 @@ Random = Callable[[], float]
 
 
 class _Tier:
-    """One pool: its positions, weights, and the table its orders are drawn from."""
+    """One pool: its positions, weights, and the orders a draw gives."""
 
     __slots__ = (
         "cumulative",
-        "orders",
+        "fronts",
         "positions",
         "ranks",
         "seeds",
@@ -85,37 +85,16 @@ class _Tier:
         self.seeds = [seed(name) for name in names]
         # the hashes of the affinity keys met, and the order each gives (no key is kept)
         self.ranks: dict[int, Order] = {}
-        self.total = 0.0
-        self.cumulative: list[float] = []
-        self.orders: list[Order] = []
-        if 1 < len(positions) <= TABLED:
-            for perm in itertools.permutations(range(len(positions))):
-                probability = 1.0
-                for k, i in enumerate(perm[:-1]):
-                    # (what is left summed anew: a running difference can reach 0 early)
-                    probability *= weights[i] / math.fsum(weights[j] for j in perm[k:])
-                self.total += probability
-                self.cumulative.append(self.total)
-                self.orders.append(tuple(positions[i] for i in perm))
-            # (the last without end: a draw rounded up to the total still finds an order)
-            self.cumulative[-1] = math.inf
+        # each member first, then the rest as listed: the orders a draw gives
+        self.fronts = tuple((p, *(q for q in positions if q != p)) for p in positions)
+        self.cumulative = list(itertools.accumulate(weights))
+        self.total = self.cumulative[-1]
+        # (the last without end: a draw rounded up to the total still finds a member)
+        self.cumulative[-1] = math.inf
 
     def weighted(self, random: Random) -> Order:
-        """An order drawn weighted at random, without replacement."""
-        if self.orders:
-            return self.orders[bisect(self.cumulative, random() * self.total)]
-        # A larger pool: its first two drawn by weight, the rest as listed, so that the
-        # orders a pool gives stay few (each is kept per path: `spreading`).
-        left = list(range(len(self.positions)))
-        out: list[int] = []
-        for _ in range(2):
-            draw = random() * math.fsum(self.weights[i] for i in left)
-            for k, i in enumerate(left):
-                draw -= self.weights[i]
-                if draw < 0.0 or k == len(left) - 1:
-                    out.append(left.pop(k))
-                    break
-        return tuple(self.positions[i] for i in (*out, *left))
+        """A member drawn at random by weight, then the rest as listed."""
+        return self.fronts[bisect(self.cumulative, random() * self.total)]
 
     def ranked(self, hashed: int) -> Order:
         """The order an affinity key hashed to `hashed` gives (rendezvous hashing), remembered."""
@@ -229,12 +208,9 @@ class Pool:
         members as the strategy, or the affinity `key`, ranks them, tier after tier."""
         one = self._one
         if one is not None and key is None and not (self.limited or self.refused):
-            # the common case, quickly: `_Tier.weighted`, inline for a tabled pool
-            if one.orders:
-                drawn = one.orders[bisect(one.cumulative, random() * one.total)]
-            else:
-                drawn = one.weighted(random)
-            return drawn if self._weighted else self._least(drawn, now)
+            # the common case, quickly: `_Tier.weighted`, inline
+            drawn = one.fronts[bisect(one.cumulative, random() * one.total)]
+            return drawn if self._weighted else self._least(drawn, now, random)
         out: Order = ()
         hashed = None if key is None else seed(key)
         for tier in self._tiers:
@@ -252,17 +228,18 @@ class Pool:
                 if self.limited or self.refused:
                     ranked, able = self._behind(ranked, now)
                 if not self._weighted:
-                    ranked = self._least(ranked, now, able)
+                    ranked = self._least(ranked, now, random, able)
             out = ranked if not out else out + ranked
         return out
 
-    def _least(self, drawn: Order, now: float, able: int = 0) -> Order:
+    def _least(self, drawn: Order, now: float, random: Random, able: int = 0) -> Order:
         """The member that costs least of the first `able` of an order drawn by weight
         (all, if 0: those that can take a request now), then the rest of its pool as
-        listed (an order made once: failover is rare, a pick is per request); on a
-        tie, the order drawn (at light load, weights decide)."""
+        listed. Members that tie are chosen between at random by weight (so at light
+        load weights decide, and under load no member wins ties for being listed
+        first): one drawn by weight that costs least is kept."""
         members = self.members
-        best, least = drawn[0], math.inf
+        best, least, tied = drawn[0], math.inf, 0.0
         whole = not able or able == len(drawn)
         if not whole:
             drawn, late = drawn[:able], drawn[able:]
@@ -289,7 +266,11 @@ class Pool:
                     cost += _LOG_UP[n] if n < _LOGGED else log(n + 1)
                 cost += m.log_weight
                 if cost < least:
-                    best, least = i, cost
+                    best, least, tied = i, cost, m.weight
+                elif cost == least:  # one of the tied, each by its weight (reservoir)
+                    tied += m.weight
+                    if random() * tied < m.weight:
+                        best = i
         else:
             if whole and not members[best].flying:
                 return drawn  # none in flight on the one drawn first: none costs less
@@ -297,10 +278,14 @@ class Pool:
                 m = members[i]
                 cost = len(m.flying) * m.per_weight
                 if cost < least:
-                    best, least = i, cost
+                    best, least, tied = i, cost, m.weight
+                elif cost == least:  # one of the tied, each by its weight (reservoir)
+                    tied += m.weight
+                    if random() * tied < m.weight:
+                        best = i
         if not whole:
             return (best, *(i for i in drawn if i != best), *late)
-        if best == drawn[0] and len(drawn) <= TABLED:
+        if best == drawn[0]:
             return drawn
         return self._fronts[best]
 
