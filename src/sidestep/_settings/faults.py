@@ -115,7 +115,12 @@ class FaultRule(Model):
     @model_validator(mode="after")
     def _check_settings(self) -> FaultRule:
         own = _SETTINGS[self.fault]
-        given = {name for name in self.model_fields_set if name in _ALL_SETTINGS}
+        fields = type(self).model_fields
+        given = {
+            name
+            for name in self.model_fields_set & _ALL_SETTINGS
+            if getattr(self, name) != fields[name].default  # its default, even if written
+        }
         foreign = sorted(given - own)
         if foreign:
             names = ", ".join(foreign)
