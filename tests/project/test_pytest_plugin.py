@@ -29,9 +29,11 @@ def plugin_options() -> list[str]:
     return [] if any(ep.value == PLUGIN for ep in installed) else ["-p", PLUGIN]
 
 
-def run_pytest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
+def run_pytest(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, passes: bool = True
+) -> str:
     """Run pytest in a process of its own (our interpreter, this checkout's sources); its
-    output, after checking it passed."""
+    output, after checking it passed (or, with `passes` False, that it failed)."""
     environ = {
         **os.environ,
         **(env or {}),
@@ -46,8 +48,8 @@ def run_pytest(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
         timeout=300,
         check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
+    assert (done.returncode == 0) is passes, done.stdout + done.stderr
+    return done.stdout + done.stderr
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +162,25 @@ def test_markers_the_fixture_and_resets_between_tests(
     env = suite(tmp_path, upstreams[0] + "/v1", upstreams[1] + "/v1", MARKED)
     out = run_pytest("-q", "test_user.py", cwd=tmp_path, env=env)
     assert re.search(r"\b5 passed\b", out), out
+
+
+def test_a_misused_marker_says_how_to_use_it(upstreams: tuple[str, str], tmp_path: Path) -> None:
+    """A marker without its one argument, or with a rule's invalid setting, fails the test run with a message saying what it takes."""
+    tests = textwrap.dedent("""\
+        import pytest
+
+        @pytest.mark.sidestep_down()
+        def test_no_target():
+            pass
+
+        @pytest.mark.sidestep_fault("status", target="primary")
+        def test_no_status():
+            pass
+        """)
+    env = suite(tmp_path, upstreams[0], upstreams[1], tests)
+    out = run_pytest("-q", "test_user.py", cwd=tmp_path, env=env, passes=False)
+    assert "sidestep_down takes one argument: the target's name" in out
+    assert "fault 'status' needs a status" in out
 
 
 def test_the_plugin_is_an_entry_point_and_testing_needs_no_pytest() -> None:

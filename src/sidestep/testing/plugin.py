@@ -65,8 +65,12 @@ def _sidestep_markers(request: pytest.FixtureRequest) -> None:
 
 def _marker_rule(marker: pytest.Mark) -> FaultRule:
     settings: dict[str, Any] = dict(marker.kwargs)
+    if len(marker.args) != 1:
+        what = "the target's name" if marker.name == "sidestep_down" else "the fault"
+        raise pytest.UsageError(f"@pytest.mark.{marker.name} takes one argument: {what}")
     if marker.name == "sidestep_down":
-        (target,) = marker.args
-        return _rule({"fault": "status", "status": settings.pop("status", 503), "target": target})
-    (fault,) = marker.args
-    return _rule({"fault": fault, **settings})
+        status = settings.pop("status", 503)
+        if settings:
+            raise pytest.UsageError("@pytest.mark.sidestep_down takes only status= besides")
+        return _rule({"fault": "status", "status": status, "target": marker.args[0]})
+    return _rule({"fault": marker.args[0], **settings})
