@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import httpx
-import pytest
 
 from sidestep._core.faults import Injector, injected, made_answer, mark
 from sidestep._core.routes import Router
 from sidestep._settings.config import Config
 from sidestep._settings.faults import FaultRule
-from sidestep.logging import add_observer, remove_observer
 
 ROUTER = Router(
     Config.model_validate(
@@ -46,18 +43,6 @@ def never() -> float:
 def picks(injector: Injector, url: httpx.URL, n: int, now: float = 0.0) -> list[str | None]:
     found = [injector.pick(ROUTER, url, now, never) for _ in range(n)]
     return [None if f is None else f.rule.label for f in found]
-
-
-@pytest.fixture
-def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    seen: list[tuple[str, dict[str, Any]]] = []
-
-    def hear(event: str, fields: Mapping[str, Any], /) -> None:
-        seen.append((event, dict(fields)))
-
-    add_observer(hear)
-    yield seen
-    remove_observer(hear)
 
 
 def test_a_rule_selects_its_target_and_route_only() -> None:

@@ -5,6 +5,7 @@ our own; declared as an entry point, and `sidestep.testing` usable without pytes
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -67,15 +68,9 @@ def suite(tmp_path: Path, primary: str, backup: str, tests: str) -> dict[str, st
     """A user's project in `tmp_path`: its sidestep.yaml (route chat: primary, backup), an
     empty pytest configuration, and `tests`; the environment its tests read."""
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
-    (tmp_path / "sidestep.yaml").write_text(
-        textwrap.dedent(f"""\
-            routes:
-              - name: chat
-                targets:
-                  - {{name: primary, url: "{primary}"}}
-                  - {{name: backup, url: "{backup}"}}
-            """)
-    )
+    targets = [{"name": "primary", "url": primary}, {"name": "backup", "url": backup}]
+    config = {"routes": [{"name": "chat", "targets": targets}]}
+    (tmp_path / "sidestep.yaml").write_text(json.dumps(config))  # (JSON is YAML)
     (tmp_path / "test_user.py").write_text(tests)
     return {"PRIMARY_URL": primary, "BACKUP_URL": backup}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import pytest
 import sidestep
 from drivers import FakeClock, MakeDriver, route
 from sidestep import testing
-from sidestep.logging import add_observer, remove_observer
 from sidestep.metrics._labels import FAULTS, Measures
 from upstream import IN_TIME, Respond, Stream, Upstream
 
@@ -35,18 +33,6 @@ def pair(a: Upstream, b: Upstream, **extra: Any) -> dict[str, Any]:
 
 def states(d: Any) -> dict[str, tuple[str, str | None]]:
     return {s.target: (s.state, s.reason) for s in d.transport.suspensions()}
-
-
-@pytest.fixture
-def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
-    seen: list[tuple[str, dict[str, Any]]] = []
-
-    def hear(event: str, fields: Mapping[str, Any], /) -> None:
-        seen.append((event, dict(fields)))
-
-    add_observer(hear)
-    yield seen
-    remove_observer(hear)
 
 
 # Each fault, and whether the primary is still called under it (its answer spoiled).

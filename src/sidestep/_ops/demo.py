@@ -19,6 +19,8 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from .._common.errors import ConfigError
 from .demo_plan import PlanSettings, load, play
@@ -83,18 +85,28 @@ def run(args: argparse.Namespace) -> int:
         print("sidestep demo: counts, rate and timeout must be positive", file=sys.stderr)
         return 2
     view = View(sys.stdout, quiet=args.json)
+    return _shown(view, lambda: main(settings, view), view.summary if not args.json else None)
+
+
+def _shown(
+    view: View,
+    run: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+    summary: Callable[[dict[str, Any]], None] | None,
+) -> int:
+    """Run the demo's coroutine, its logs kept quiet; then its summary, or its figures as
+    JSON (no `summary`). The exit status: 0, or 130 when interrupted."""
     try:
         with quiet_logs():
-            result = asyncio.run(main(settings, view))
+            result = asyncio.run(run())
     except KeyboardInterrupt:
         view.restore()
         print("\ninterrupted", file=sys.stderr)
         return 130
     view.restore()
-    if args.json:
+    if summary is None:
         print(json.dumps(result, indent=2))
     else:
-        view.summary(result)
+        summary(result)
     return 0
 
 
@@ -118,22 +130,11 @@ def _play(args: argparse.Namespace) -> int:
         print(f"sidestep demo: {exc}", file=sys.stderr)
         return 2
     view = View(sys.stdout, quiet=args.json)
-    try:
-        with quiet_logs():
-            result = asyncio.run(play(settings, config, plan, view))
-    except KeyboardInterrupt:
-        view.restore()
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    view.restore()
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        _plan_summary(result)
-    return 0
+    summary = _plan_summary if not args.json else None
+    return _shown(view, lambda: play(settings, config, plan, view), summary)
 
 
-def _plan_summary(result: dict[str, object]) -> None:
+def _plan_summary(result: dict[str, Any]) -> None:
     rows = [
         ("requests", result["requests"]),
         ("errors seen by the caller", result["errors"]),

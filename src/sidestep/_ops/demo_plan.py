@@ -13,7 +13,6 @@ metrics settings are left out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,14 +30,14 @@ from .._settings.observability import Observability
 from .._settings.stores import StoreSettings
 from .._shells.faults import put_under
 from .._shells.transport import AsyncFailoverTransport
-from .demo_load import Phase, Tally, drive, through
+from .demo_load import Phase, Tally, through
+from .demo_run import run_phase
 from .demo_upstream import LocalUpstream, Mode
 from .demo_view import View
 
 __all__ = ["PlanSettings", "demo_config", "load", "local_config", "play"]
 
 _PATH = "/demo"  # what each request asks for, under its route's first target
-_FRAME = 0.1  # seconds between redraws of the live view
 _HEALTHY_DELAY = 0.002  # seconds an upstream takes to answer, as a real one would
 DEMO = {
     "routes": [
@@ -167,24 +166,10 @@ async def play(
                     turn[0] += 1
                     return await calls[turn[0] % len(calls)]()
 
-                load = asyncio.ensure_future(
-                    drive(call, phase.tally, concurrency=settings.concurrency, rate=settings.rate)
-                )
-                try:
-                    while not load.done():
-                        phase.calls = {u.name: u.calls for u in shown}
-                        view.show(phase, shown)
-                        await asyncio.wait({load}, timeout=_FRAME)
-                    await load
-                finally:
-                    if not load.done():
-                        load.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await load
+                pace = settings.concurrency, settings.rate
+                await run_phase(phase, call, shown, view, concurrency=pace[0], rate=pace[1])
         finally:
             events.remove_observer(count)
-        phase.calls = {u.name: u.calls for u in shown}
-        view.show(phase, shown, final=True)
     finally:
         for upstream in upstreams.values():
             await upstream.stop()

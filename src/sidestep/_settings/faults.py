@@ -11,7 +11,7 @@ refused unless the environment allows it (`ALLOW_CHAOS`, checked by `Config`).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, Field, StrictBool, model_validator
 
@@ -38,15 +38,7 @@ FaultKind = Literal[
     "stalled_stream",
     "error_event",
 ]
-FAULTS: tuple[FaultKind, ...] = (
-    "status",
-    "timeout",
-    "connect_error",
-    "malformed_body",
-    "cut_stream",
-    "stalled_stream",
-    "error_event",
-)
+FAULTS: tuple[FaultKind, ...] = get_args(FaultKind)
 # The settings each fault takes besides the selectors (every other one must be left out).
 _SETTINGS: dict[str, frozenset[str]] = {
     "status": frozenset({"status", "retry_after"}),
