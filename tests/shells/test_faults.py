@@ -190,3 +190,19 @@ def test_wrap_install_and_everywhere(a: Upstream, b: Upstream) -> None:
     finally:
         sidestep.uninstall()
         wrapped.close()
+
+
+def test_an_uncounted_probe_gives_its_slot_back(make: MakeDriver, a: Upstream, b: Upstream) -> None:
+    """A half-open primary's probe that gets an injected 503 its rule does not count (`count: false`) records nothing and frees its slot: once the plan is gone, the next request is the probe, and its success closes the primary."""
+    clock = FakeClock()
+    d = make(pair(a, b), clock=clock)
+    a.behaviour = lambda seen: Respond(503, b"down")
+    assert d.get(a.url + "/v1/x").body == b"b"  # a real 503: the primary opens
+    a.behaviour = lambda seen: Respond(body=b"a")
+    clock.advance(31)  # past its cooldown: the next request is its probe
+    plan = testing.FaultPlan().inject(testing.status(503), target="primary", count=False)
+    with plan.apply(d.transport):
+        assert d.get(a.url + "/v1/x").body == b"b"
+    assert a.calls == 1 and states(d)["primary"][0] == "half_open"
+    assert d.get(a.url + "/v1/x").body == b"a"
+    assert d.transport.suspensions() == []
