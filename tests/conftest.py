@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -14,6 +14,7 @@ from drivers import KINDS, Driver, MakeDriver
 from redis_cluster import RedisCluster
 from redis_server import RedisMissing, RedisServer
 from sidestep._settings.values import SidestepConfigWarning
+from sidestep.logging import add_observer, remove_observer
 from upstream import STORE_WAIT, Upstream
 
 
@@ -57,6 +58,19 @@ def default_structlog() -> Iterator[None]:
     structlog.reset_defaults()
     if configured:
         structlog.configure(**saved)
+
+
+@pytest.fixture
+def events() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Every event sidestep emits during the test, as (name, fields), in order."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def hear(event: str, fields: Mapping[str, Any], /) -> None:
+        seen.append((event, dict(fields)))
+
+    add_observer(hear)
+    yield seen
+    remove_observer(hear)
 
 
 @pytest.fixture

@@ -261,7 +261,9 @@ class Observer(Protocol):
 
 # Per-request events are DEBUG; transitions and the shared store's health are
 # INFO or WARNING, so what an outage writes at INFO follows transitions, not traffic.
+# An injected fault is INFO: a rehearsal's log tells its own faults from a real outage.
 _LEVELS = {
+    "fault.injected": logging.INFO,
     "circuit.opened": logging.WARNING,
     "circuit.half_open": logging.INFO,
     "circuit.closed": logging.INFO,

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 
 import sidestep
 from sidestep._settings.config import Config
+from sidestep._settings.faults import ALLOW_CHAOS, Chaos, FaultRule
 from sidestep._settings.observability import Observability
 from sidestep._settings.policies import (
     BreakerPolicy,
@@ -70,6 +71,8 @@ def _blocks(language: str) -> list[Any]:
 def _placeholders(text: str, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in set(re.findall(r"\$\{(\w+)\}", text)):
         monkeypatch.setenv(name, "a-placeholder-value")
+    if re.search(r"^chaos:", text, re.M):  # a chaos example, as its page says to run it
+        monkeypatch.setenv(ALLOW_CHAOS, "1")
 
 
 def test_every_page_has_runnable_examples_of_both_kinds() -> None:
@@ -163,6 +166,8 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     "`store`": (StoreSettings, {}),
     "`store.memory`": (MemoryStoreSettings, {}),
     "`store.redis`": (RedisStoreSettings, {"url": "redis://localhost"}),
+    "`chaos`": (Chaos, {"faults": [{"fault": "timeout"}]}),
+    "`chaos.faults[]`": (FaultRule, {"fault": "timeout"}),
 }
 
 

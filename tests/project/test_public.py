@@ -14,6 +14,8 @@ import pytest
 
 import sidestep
 from sidestep._answers.classify import Exchange, Kind, classify
+from sidestep._settings.config import load_plan
+from sidestep._settings.faults import ALLOW_CHAOS
 from sidestep._settings.values import SidestepConfigWarning
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +84,14 @@ def test_suspended_error_is_a_transport_error_of_both_flavours() -> None:
 def test_documented_configurations_load(
     block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every YAML configuration the README and docs/*.md show is valid as written."""
+    """Every YAML configuration the README and docs/*.md show is valid as written (a chaos one where its page says to allow it), and so is every fault plan file they show."""
+    if re.search(r"^faults:", block, re.M) and not re.search(r"^routes:", block, re.M):
+        path = tmp_path / "plan.yaml"
+        path.write_text(block)
+        assert load_plan(path).faults  # a fault plan file, not a configuration
+        return
+    if re.search(r"^chaos:", block, re.M):
+        monkeypatch.setenv(ALLOW_CHAOS, "1")
     for name in set(re.findall(r"\$\{(\w+)\}", block)):
         # a store's URL must look like one; every other value is opaque
         value = (

@@ -19,6 +19,7 @@ from .._answers.encodings import decoded_head
 from .._state.protocol import Ticket
 from .commit import Committing
 from .effects import Close, Read, Send, Sleep
+from .faults import injected
 from .rebuild import with_extensions
 from .routes import CompiledTarget
 from .run import SUCCESS, Outcome, Run
@@ -134,7 +135,11 @@ class Attempting(Committing):
             else:
                 response = received
         except Exception as exc:
+            if self.injecting:
+                run.injected = injected(exc)
             return Outcome(self._classify_error(request, exc, run), exc)
+        if self.injecting:
+            run.injected = injected(response)
         if run.aloft is not None:  # a pool member's answer: its latency, its rate limits
             at = self.clock()
             answered(run.cands, run.aloft, at - run.sent_at, response.headers, at)

@@ -128,6 +128,8 @@ class Core(FastPath, Attempting, Watching):
         self._matched: dict[tuple[str, str, int | None, str], Candidates] = {}
         self._rebuilder = Rebuilder()
         self._random = random.random  # what pools draw their orders from
+        # Set by the shell when a fault plan is put under its transport (`faults`).
+        self.injecting = False
         if self.config.observability.enabled:
             enable_configured(self.config.observability)
 
@@ -229,7 +231,7 @@ class Core(FastPath, Attempting, Watching):
                         outcome = self._avoid_rate_limit(outcome)
                     if outcome.deferred:
                         pass  # the body's end, or its failure, will be the verdict
-                    elif outcome.verdict is SUCCESS and not self._blocking:
+                    elif outcome.verdict is SUCCESS and not self._blocking and not run.injected:
                         self._succeeded(ticket, target, run)
                     else:
                         yield from self._record(ticket, outcome.verdict, target, run)

@@ -84,6 +84,8 @@ class Run:
     streams: bool | None = None
     # the pool member its attempt in flight is counted on (`spreading.took_off`)
     aloft: Member | None = None
+    # the fault a plan injected into its latest attempt (`faults.Injection`), if one did
+    injected: Any = None
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None
@@ -137,6 +139,8 @@ class CoreState:
     closed_at: float
     closes: int
     _custom_classifier: bool
+    # a fault plan is under the transport (`faults`): results may be injected ones
+    injecting: bool
     _exact: bool
     _blocking: bool
     _byte_stream: Any

@@ -18,6 +18,7 @@ from .._answers.classify import ErrorKind, Exchange, Kind, Verdict
 from .._common.scopes import ScopeKind
 from .._settings.policies import FailoverPolicy
 from .._state.circuit import State
+from .._state.memory import MemoryStore
 from .._state.protocol import Admission, Refusal, Ticket, Transition, store_id
 from ..logging import emit
 from .effects import Call
@@ -169,6 +170,9 @@ class Verdicts(CoreState):
     def _record(
         self, ticket: Ticket, verdict: Verdict, target: CompiledTarget, run: Run
     ) -> Generator[Any, Any, None]:
+        if run.injected and not self._counts(run):
+            yield from self._let_go(ticket)  # a fault plan's result: not the upstream's
+            return
         if run.endpoint:
             verdict = self._unrouted(verdict, target.origin, run.endpoint, ticket)
         now = self.clock()
@@ -196,6 +200,11 @@ class Verdicts(CoreState):
             )
         if transitions:
             self._announce(transitions, target, run)
+
+    def _counts(self, run: Run) -> bool:
+        """Whether the fault injected into the run's latest attempt counts against its
+        target's circuit: as its rule says, else only in a store of this process."""
+        return bool(run.injected.counted(type(self.store) is MemoryStore))
 
     def _let_go(self, ticket: Ticket) -> Generator[Any, Any, None]:
         """Give back what an admission took (a probe slot) for a verdict never recorded."""
@@ -250,6 +259,8 @@ class Verdicts(CoreState):
         if verdict.kind is Kind.FAILURE:
             if verdict.timeout and run.deadline is not None and self.clock() >= run.deadline:
                 return
+            if run.injected and not self._counts(run):
+                return  # a fault plan's: its slot was let go at the commit point
             ticket.done = False  # a probe's success was recorded at the commit point
             yield from self._record(ticket, verdict, target, run)
 

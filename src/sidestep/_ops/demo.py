@@ -1,5 +1,8 @@
 """`sidestep demo`: failover shown live against local upstreams, with nothing to set up.
 
+With ``--plan FILE`` (and ``-c CONFIG``), a fault plan plays against the
+configuration's own routes instead, each target a local upstream (`demo_plan`).
+
 Four HTTP upstreams start inside this process on 127.0.0.1 — one healthy,
 one answering 503, one that accepts and never answers, one that is down for
 a few seconds and then comes back — and the same paced load goes through two
@@ -16,7 +19,11 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from .._common.errors import ConfigError
+from .demo_plan import PlanSettings, load, play
 from .demo_run import Settings, main
 from .demo_view import View, quiet_logs
 
@@ -41,10 +48,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="upstream calls one request may make, over all targets (both clients)",
     )
     parser.add_argument("--json", action="store_true", help="print only a JSON summary")
+    parser.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="play this fault plan (seed:, faults:) against the routes of -c FILE instead, "
+        "each target a local healthy upstream",
+    )
+    parser.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        help="with --plan: the configuration whose routes the plan plays against "
+        "(default: a route 'demo' of targets 'primary' and 'backup')",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; the exit status (0, 2 for bad arguments, 130 when interrupted)."""
+    if args.plan is not None:
+        return _play(args)
+    if args.config is not None:
+        print("sidestep demo: -c/--config goes with --plan", file=sys.stderr)
+        return 2
     settings = Settings(
         requests=args.requests,
         concurrency=args.concurrency,
@@ -60,16 +85,71 @@ def run(args: argparse.Namespace) -> int:
         print("sidestep demo: counts, rate and timeout must be positive", file=sys.stderr)
         return 2
     view = View(sys.stdout, quiet=args.json)
+    return _shown(view, lambda: main(settings, view), view.summary if not args.json else None)
+
+
+def _shown(
+    view: View,
+    run: Callable[[], Coroutine[Any, Any, dict[str, Any]]],
+    summary: Callable[[dict[str, Any]], None] | None,
+) -> int:
+    """Run the demo's coroutine, its logs kept quiet; then its summary, or its figures as
+    JSON (no `summary`). The exit status: 0, or 130 when interrupted."""
     try:
         with quiet_logs():
-            result = asyncio.run(main(settings, view))
+            result = asyncio.run(run())
     except KeyboardInterrupt:
         view.restore()
         print("\ninterrupted", file=sys.stderr)
         return 130
     view.restore()
-    if args.json:
+    if summary is None:
         print(json.dumps(result, indent=2))
     else:
-        view.summary(result)
+        summary(result)
     return 0
+
+
+def _play(args: argparse.Namespace) -> int:
+    """`--plan FILE`: the plan against the configuration's routes, each target local."""
+    settings = PlanSettings(
+        plan=args.plan,
+        config=args.config,
+        requests=args.requests,
+        concurrency=args.concurrency,
+        rate=args.rate,
+        timeout=args.timeout,
+    )
+    counts = min(settings.requests, settings.concurrency)
+    if counts < 1 or min(settings.rate, settings.timeout) <= 0:
+        print("sidestep demo: counts, rate and timeout must be positive", file=sys.stderr)
+        return 2
+    try:
+        config, plan = load(settings)
+    except ConfigError as exc:
+        print(f"sidestep demo: {exc}", file=sys.stderr)
+        return 2
+    view = View(sys.stdout, quiet=args.json)
+    summary = _plan_summary if not args.json else None
+    return _shown(view, lambda: play(settings, config, plan, view), summary)
+
+
+def _plan_summary(result: dict[str, Any]) -> None:
+    rows = [
+        ("requests", result["requests"]),
+        ("errors seen by the caller", result["errors"]),
+        ("failovers", result["failovers"]),
+        ("faults injected", _by_target(result["faults_injected"])),
+        ("circuit openings", _by_target(result["circuit_openings"])),
+        ("calls skipped (circuit open)", _by_target(result["skipped"])),
+        ("upstream calls", _by_target(result["upstream_calls"])),
+    ]
+    print()
+    for label, value in rows:
+        print(f"{label:<30}{value}")
+
+
+def _by_target(counts: object) -> str:
+    if not isinstance(counts, dict) or not counts:
+        return "none"
+    return ", ".join(f"{target} {n}" for target, n in counts.items())

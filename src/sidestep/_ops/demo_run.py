@@ -21,7 +21,7 @@ from .demo_load import Call, Phase, Tally, drive, naive, through
 from .demo_upstream import LocalUpstream, Mode
 from .demo_view import View
 
-__all__ = ["Settings", "main"]
+__all__ = ["Settings", "main", "run_phase"]
 
 _PATH = "/v1/items"
 _COOLDOWN = 1.0  # seconds: short, so the flapping target's recovery is seen within the run
@@ -72,18 +72,21 @@ def _wasted(upstreams: list[LocalUpstream]) -> int:
     return sum(u.calls_while_down for u in upstreams)
 
 
-async def _phase(
+async def run_phase(
     phase: Phase,
     call: Call,
     upstreams: list[LocalUpstream],
-    settings: Settings,
     view: View,
+    *,
+    concurrency: int,
+    rate: float,
+    down_for: float = 0.0,
 ) -> None:
+    """One client's paced load (`drive`), shown as it goes; the upstreams' counts reset
+    first (a flapping one down for `down_for` seconds)."""
     for upstream in upstreams:
-        upstream.reset(down_for=settings.flap_down)
-    load = asyncio.ensure_future(
-        drive(call, phase.tally, concurrency=settings.concurrency, rate=settings.rate)
-    )
+        upstream.reset(down_for=down_for)
+    load = asyncio.ensure_future(drive(call, phase.tally, concurrency=concurrency, rate=rate))
     try:
         while not load.done():
             _observe(phase, upstreams)
@@ -127,7 +130,7 @@ async def main(settings: Settings, view: View) -> dict[str, Any]:
         urls = [u.url + _PATH for u in upstreams]  # the ports are known once started
         async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             call = naive(client, urls[: settings.attempts])
-            await _phase(plain, call, upstreams, settings, view)
+            await run_phase(plain, call, upstreams, view, **_pace(settings))
         transport = AsyncFailoverTransport(
             _config(upstreams, settings.attempts), transport=httpx.AsyncHTTPTransport(limits=limits)
         )
@@ -135,13 +138,22 @@ async def main(settings: Settings, view: View) -> dict[str, Any]:
         events.add_observer(count)
         try:
             async with httpx.AsyncClient(transport=transport, timeout=timeout) as client:
-                await _phase(guarded, through(client, urls[0]), upstreams, settings, view)
+                call = through(client, urls[0])
+                await run_phase(guarded, call, upstreams, view, **_pace(settings))
         finally:
             events.remove_observer(count)
     finally:
         for upstream in upstreams:
             await upstream.stop()
     return _summary(settings, plain, guarded)
+
+
+def _pace(settings: Settings) -> dict[str, Any]:
+    return {
+        "concurrency": settings.concurrency,
+        "rate": settings.rate,
+        "down_for": settings.flap_down,
+    }
 
 
 def _percentile(values: list[float], q: float) -> float:

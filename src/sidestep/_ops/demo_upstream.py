@@ -34,9 +34,12 @@ class LocalUpstream:
     `stop()` inside one running event loop.
     """
 
-    def __init__(self, name: str, mode: Mode, *, delay: float = 0.0) -> None:
+    def __init__(
+        self, name: str, mode: Mode, *, delay: float = 0.0, behaviour: str | None = None
+    ) -> None:
         self.name = name
         self.mode = mode
+        self.behaviour = behaviour or mode.value  # what the demo's view says of it
         self.delay = delay
         self.down_until = 0.0
         self.calls = 0

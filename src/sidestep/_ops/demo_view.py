@@ -111,7 +111,7 @@ class View:
             colour = _COLOURS.get(state, "")
             shown = f"{colour}{state}{_RESET}{detail}" if colour else state
             lines.append(
-                f"  {u.name:<10}{u.mode.value:<28}{u.calls:>7}"
+                f"  {u.name:<10}{u.behaviour:<28}{u.calls:>7}"
                 f"{phase.skipped.get(u.name, 0):>9}{phase.probes.get(u.name, 0):>8}  {shown}"
             )
         return lines

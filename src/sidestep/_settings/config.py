@@ -11,16 +11,19 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import (
+    BaseModel,
     BeforeValidator,
     Field,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from .._common.errors import ConfigError
+from .faults import ALLOW_CHAOS, Chaos, FaultPlanFile
 from .observability import Observability
 from .policies import BreakerPolicy, FailoverPolicy, Suspensions
 from .routes import Route
@@ -28,7 +31,9 @@ from .stores import StoreSettings
 from .values import Model, refuse_duplicates
 from .yaml_document import _interpolate, _parse_yaml, _UnresolvedReference, read_document
 
-__all__ = ["Config", "as_config", "load_config"]
+__all__ = ["Config", "as_config", "load_config", "load_plan", "unknown_names"]
+
+_M = TypeVar("_M", bound=BaseModel)
 
 
 def _import_object(value: object) -> object:
@@ -59,7 +64,9 @@ class Config(Model):
 
     `classifier` replaces the built-in classifier: a callable, or an import
     string (``"package.module:attribute"``) resolved when the config is
-    validated, so a configuration file may import code.
+    validated, so a configuration file may import code. `chaos` injects faults
+    (`FaultRule`) for rehearsing an outage; it is refused unless the
+    environment sets ``SIDESTEP_ALLOW_CHAOS=1``.
     """
 
     breaker: BreakerPolicy = Field(default_factory=BreakerPolicy)
@@ -71,12 +78,44 @@ class Config(Model):
     classifier: Annotated[Callable[..., Any] | None, BeforeValidator(_import_object)] = Field(
         default=None, repr=False
     )
+    chaos: Chaos | None = None
 
     @field_validator("routes")
     @classmethod
     def _check_routes(cls, routes: list[Route]) -> list[Route]:
         refuse_duplicates("route", [r.name for r in routes])
         return routes
+
+    @field_validator("chaos")
+    @classmethod
+    def _check_chaos(cls, chaos: Chaos | None) -> Chaos | None:
+        if chaos is not None and os.environ.get(ALLOW_CHAOS) != "1":
+            raise ValueError(
+                f"fault injection is refused unless the environment sets {ALLOW_CHAOS}=1 "
+                "(so that a production file cannot turn it on by accident)"
+            )
+        return chaos
+
+    @model_validator(mode="after")
+    def _check_chaos_names(self) -> Config:
+        if self.chaos is not None:
+            unknown_names(self.chaos, self.routes, "chaos.faults")
+        return self
+
+
+def unknown_names(plan: FaultPlanFile, routes: Sequence[Route], where: str) -> None:
+    """Refuse a rule of `plan` that names a route or target `routes` do not have."""
+    targets = {r.name: {t.name for t in r.targets} for r in routes}
+    every: set[str] = set().union(*targets.values())
+    for number, rule in enumerate(plan.faults):
+        if rule.route is not None and rule.route not in targets:
+            raise ValueError(f"{where}[{number}]: the configuration has no route {rule.route!r}")
+        known = targets[rule.route] if rule.route is not None else every
+        if rule.target is not None and rule.target not in known:
+            within = f" in route {rule.route!r}" if rule.route is not None else ""
+            raise ValueError(
+                f"{where}[{number}]: the configuration has no target {rule.target!r}{within}"
+            )
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -97,6 +136,22 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             never a value.
     """
     source = os.fspath(path)
+    return _validate(_read(source), source)
+
+
+def load_plan(path: str | os.PathLike[str]) -> FaultPlanFile:
+    """Read a fault plan file (``seed:`` and ``faults:``, as the ``chaos:`` section) the
+    way `load_config` reads a configuration.
+
+    Raises:
+        ConfigError: as `load_config`, for the plan's own keys.
+    """
+    source = os.fspath(path)
+    return _validate_as(FaultPlanFile, _read(source), source)
+
+
+def _read(source: str) -> dict[str, Any]:
+    """The document at `source`, parsed and interpolated: a mapping of settings."""
     data = _parse_yaml(read_document(source), source)
     if data is None:  # an empty file, or only comments: every default
         data = {}
@@ -105,10 +160,10 @@ def load_config(path: str | os.PathLike[str]) -> Config:
             f"{source}: the top level must be a mapping of settings, not {type(data).__name__}"
         )
     try:
-        data = _interpolate(data, (), os.environ)
+        interpolated: dict[str, Any] = _interpolate(data, (), os.environ)
     except _UnresolvedReference as exc:
         raise ConfigError(f"{source}: {_describe(exc.loc, data)}: {exc.reason}") from None
-    return _validate(data, source)
+    return interpolated
 
 
 def as_config(value: Config | Mapping[str, Any] | None) -> Config:
@@ -128,8 +183,12 @@ def as_config(value: Config | Mapping[str, Any] | None) -> Config:
 
 
 def _validate(data: dict[str, Any], source: str) -> Config:
+    return _validate_as(Config, data, source)
+
+
+def _validate_as(model: type[_M], data: dict[str, Any], source: str) -> _M:
     try:
-        return Config.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         # `from None`: the ValidationError still holds the inputs, secrets included
         problems = [

@@ -20,6 +20,7 @@ from .._core.listing_row import Suspension
 from .._core.loop import Core
 from .._settings.config import Config
 from .._state.protocol import StateStore
+from . import faults
 
 __all__ = ["SENDING", "Shell"]
 
@@ -68,11 +69,18 @@ class Shell:
         self._sleeping: dict[anyio.Event, EventLoopToken] = {}
         # What `suspensions()` lists: a shared store that is away lists its local stand-in.
         self._view = Listing(self._core.store, self._core.router, self._core.clock, strict=False)
+        if self._core.config.chaos is not None:
+            faults.chaos(self)  # the configuration's faults, between this and its transport
+        if faults.BUILT:
+            faults.built(self)
 
     @property
     def inner(self) -> Any:
-        """The transport that does the I/O."""
-        return self._inner
+        """The transport that does the I/O (under any fault plan's layer)."""
+        inner = self._inner
+        while isinstance(inner, faults.FaultyTransport):
+            inner = inner.inner
+        return inner
 
     def _sent_further_out(self, request: Any, sending: tuple[Any, Config]) -> bool:
         """Whether the shell further out sending `sending` (in this context), of the same

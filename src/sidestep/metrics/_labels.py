@@ -22,6 +22,7 @@ from typing import Any, Literal
 from .._answers import classify as c11n
 from .._common.outcomes import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
 from .._common.scopes import ScopeKind
+from .._settings.faults import FAULTS as FAULTS_KINDS
 from .._state.circuit import State
 
 __all__ = ["INFLIGHT", "INSTRUMENTS", "MAX_ORIGINS", "OTHER", "Instrument", "Measure", "Measures"]
@@ -111,6 +112,13 @@ INFLIGHT = Instrument(
     ("route", "target"),
     "Attempts in flight on pooled routes' members, from their send to their verdict",
 )
+FAULTS = Instrument(
+    "sidestep_faults_injected",
+    "sidestep.faults.injected",
+    "counter",
+    ("route", "target", "fault"),
+    "Faults a fault plan or chaos injected, by target and fault",
+)
 INSTRUMENTS = (
     REQUESTS,
     ATTEMPTS,
@@ -121,6 +129,7 @@ INSTRUMENTS = (
     PROBES,
     SUSPENDED,
     INFLIGHT,
+    FAULTS,
 )
 
 Measure = tuple[Instrument, tuple[str, ...], float]
@@ -135,6 +144,10 @@ _REASONS = frozenset(
     {*c11n.SUSPENSION_REASONS, c11n.UNAVAILABLE, c11n.CONTEXT_OVERFLOW, c11n.CLIENT_ERROR}
 )
 _SCOPES = frozenset(k.value for k in ScopeKind)
+# a fault's label: its kind, or a status fault's code (`FaultRule.label`)
+_FAULTS = frozenset(
+    {*(f for f in FAULTS_KINDS if f != "status"), *(f"status_{s}" for s in range(400, 600))}
+)
 _STATES = frozenset(s.value for s in State)
 _CLOSED = State.CLOSED.value
 
@@ -228,6 +241,9 @@ class Measures:
         if event == "probe.admitted":
             _, target = self._route_target(fields)
             return [(PROBES, (target, _one_of(fields.get("scope"), _SCOPES)), 1)]
+        if event == "fault.injected":
+            route, target = self._route_target(fields)
+            return [(FAULTS, (route, target, _one_of(fields.get("fault"), _FAULTS)), 1)]
         return []
 
     def _route(self, fields: Mapping[str, Any]) -> str:
