@@ -4,6 +4,7 @@ rate-limit headroom and affinity, on the pools alone (seeded random, a fake cloc
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -299,3 +300,72 @@ def test_affinity_keys_come_from_a_header_a_field_or_the_prompt() -> None:
     assert one is not None and one == same and one != other
     assert key_of(prefix, headers, b'{"input": "a long input text"}') is not None
     assert key_of(prefix, headers, b'{"model": "m"}') is None
+
+
+def test_a_weighted_pool_shares_a_refused_members_turn_by_weight() -> None:
+    """Under weighted balance a member refused a moment ago goes behind, and the others
+    share its turns by their weights, not the one listed after it."""
+    p = pool("weighted", ("a", None, 1.0), ("b", None, 1.0), ("c", None, 2.0))
+    p.members[0].refused(retry_at=100.0, now=0.0)
+    p.refused = True
+    counts = firsts(p, 6000, now=1.0)
+    assert "a" not in counts
+    assert abs(counts["b"] / 6000 - 1 / 3) <= 0.03, counts
+    assert abs(counts["c"] / 6000 - 2 / 3) <= 0.03, counts
+
+
+def test_a_refusal_naming_no_later_instant_still_puts_a_member_behind() -> None:
+    """A half-open scope whose probe another request holds is refused with a retry at
+    "now": the member still goes behind for a second (not for no time at all), and never
+    for longer than five."""
+    m = Member("m", 1.0)
+    m.refused(retry_at=50.0, now=50.0)
+    assert m.refused_until == 51.0
+    m.refused(retry_at=600.0, now=50.0)
+    assert m.refused_until == 55.0
+
+
+def test_an_idle_member_of_a_weight_rounded_to_nothing_is_still_least_in_flight() -> None:
+    """Weights 1e308 and 1e-308 (both accepted) make the second's share round to zero:
+    with nothing in flight it still costs least beside a member holding 100."""
+    p = pool("least_in_flight", ("a", None, 1e308), ("b", None, 1e-308))
+    for token in range(100):
+        p.members[0].took_off(token)
+    assert firsts(p, 50) == Counter({"b": 50})
+
+
+def test_members_measured_on_another_clock_are_not_shared() -> None:
+    """Transports on different clocks get members of their own (latency and refusals are
+    instants on a clock); on the same clock they share them. An estimate read on a clock
+    that ran backwards stays finite."""
+    from sidestep._core.routes import Router
+    from sidestep._settings.config import as_config
+
+    config = as_config(
+        {
+            "routes": [
+                {
+                    "name": "chat",
+                    "balance": "latency",
+                    "targets": [
+                        {"name": "a", "url": "http://a.example/v1"},
+                        {"name": "b", "url": "http://b.example/v1"},
+                    ],
+                }
+            ]
+        }
+    )
+
+    def fake() -> float:
+        return 1000.0
+
+    def pool_of(clock: Any) -> Pool:
+        found = Router(config, clock).routes["chat"].pool
+        assert found is not None
+        return found
+
+    default, again, other = pool_of(None), pool_of(None), pool_of(fake)
+    assert default.members[0] is again.members[0]
+    assert other.members[0] is not default.members[0]
+    other.members[0].sample(0.5, 1e9)
+    assert 0.0 < other.members[0].cost(0.0) < math.inf

@@ -362,3 +362,32 @@ async def test_a_request_held_for_its_member_gives_it_back_however_it_ends(
             with pytest.raises(sidestep.AllCandidatesSuspended):
                 await client.get(a.url + "/v1/chat")
             assert [m.in_flight for m in pool.members] == [0, 0]
+
+
+def test_a_logging_failure_at_the_requests_start_gives_its_member_back(
+    tmp_path: Any, a: Upstream, b: Upstream
+) -> None:
+    """Over a shared store a request counts on its member from its pick; a structlog
+    processor that raises on the request's first event ends the request there, and
+    the member no longer counts it."""
+    import structlog
+
+    def boom(_: Any, __: str, event: Any) -> Any:
+        if event.get("event") == "request.started":
+            raise RuntimeError("the application's processor failed")
+        return event
+
+    config = pooled(("a", a, {}), ("b", b, {}), balance="least_in_flight", breaker={})
+    store = sidestep.SqliteStore(str(tmp_path / "state.db"), timeout=CLIENT_TIMEOUT)
+    transport = sidestep.FailoverTransport(config, store=store)
+    pool = transport._core.router.routes["chat"].pool
+    assert pool is not None
+    structlog.configure(processors=[boom, structlog.processors.KeyValueRenderer()])
+    try:
+        with httpx.Client(transport=transport, timeout=CLIENT_TIMEOUT) as client:
+            for _ in range(5):
+                with pytest.raises(RuntimeError, match="processor failed"):
+                    client.get(a.url + "/v1/chat")
+                assert [m.in_flight for m in pool.members] == [0, 0]
+    finally:
+        structlog.reset_defaults()

@@ -77,9 +77,9 @@ class Core(FastPath, Attempting, Watching):
         # instance: one of the class is looked up the slow way on every read.)
         self._fast_path = True
         self.config = as_config(config)
-        self.router = Router(self.config)
-        self.store: StateStore = store if store is not None else build_store(self.config.store)
         self.clock: Clock = clock or time.monotonic
+        self.router = Router(self.config, self.clock)
+        self.store: StateStore = store if store is not None else build_store(self.config.store)
         self.flavour = flavour
         self._key_parts = key_parts(flavour.module)
         self.breaker = self.config.breaker

@@ -32,15 +32,19 @@ from typing import Any
 
 from .._answers.headroom import SIGNS, Bucket, announced, has_room
 
-__all__ = ["DECAY", "LEAST_LATENCY", "Member", "announces", "shared"]
+__all__ = ["DECAY", "LEAST_LATENCY", "Member", "announces", "same_clock", "shared"]
 
 # Seconds over which the latency estimate forgets a sample (the time constant).
 DECAY = 10.0
 # The least time to first byte a sample counts as (a fake clock may measure none).
 LEAST_LATENCY = 1e-9
 _LOG_LEAST = math.log(LEAST_LATENCY)
+# The log of the largest estimate `cost` gives (about 3e11 s: a bound, not a measure).
+_MOST_LOG = 26.5
 # The longest a refused member is put behind the others before it is asked about again.
 RECHECK = 5.0
+# The shortest: a refusal that names no later instant (a probe held elsewhere).
+RECHECK_SOON = 1.0
 _SIGNS = frozenset(name.encode("ascii") for name in SIGNS)
 
 # The process's members, by what makes a target the same upstream (`shared`); a member
@@ -57,6 +61,16 @@ def shared(key: tuple[Any, ...], name: str, weight: float) -> Member:
         if member is None:
             member = _SHARED[key] = Member(name, weight)
         return member
+
+
+def same_clock(clock: Any) -> Any:
+    """What tells `clock` apart in a member's key: itself (equal clocks, such as the
+    default or two bound methods of one fake, share), or its identity if unhashable."""
+    try:
+        hash(clock)
+    except TypeError:
+        return ("clock", id(clock))
+    return clock
 
 
 class Member:
@@ -114,8 +128,9 @@ class Member:
     def refused(self, retry_at: float, now: float) -> None:
         """It was refused admission at `now`, its scope suspended until `retry_at`: pools put
         it behind the others until then, or for `RECHECK` seconds at most (a scope cleared
-        early, or open until cleared, is asked about again)."""
-        self.refused_until = min(retry_at, now + RECHECK)
+        early, or open until cleared, is asked about again), and for `RECHECK_SOON` at
+        least (a half-open scope whose probe another request holds says "now")."""
+        self.refused_until = min(max(retry_at, now + RECHECK_SOON), now + RECHECK)
 
     def hold(self, run: Any) -> None:
         """`run` was given this member first: counted in flight from now, so that requests
@@ -131,7 +146,8 @@ class Member:
         level = self.level
         if level == -math.inf:
             return -1.0
-        return math.exp(level - now / DECAY)
+        # (bounded: a clock that ran backwards cannot overflow it)
+        return math.exp(min(level - now / DECAY, _MOST_LOG))
 
     def sample(self, seconds: float, now: float) -> None:
         """A time to first byte of `seconds`, measured at `now`: the estimate becomes the

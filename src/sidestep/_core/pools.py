@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._settings.routes import DEFAULT_BALANCE
 from .affinity import rendezvous, seed
-from .members import DECAY, LEAST_LATENCY, Member, shared
+from .members import DECAY, LEAST_LATENCY, Member, same_clock, shared
 from .memories import remember
 
 if TYPE_CHECKING:
@@ -107,8 +107,10 @@ class _Tier:
         return found
 
 
-def pool_of(route: Route) -> Pool | None:
-    """A pooled route's pools; None for a ranked one."""
+def pool_of(route: Route, clock: Any = None) -> Pool | None:
+    """A pooled route's pools; None for a ranked one. Its members are the process's for
+    the same target and `clock` (`members.shared`): their latency and refusals are
+    instants on that clock, which another transport's clock cannot read."""
     if not route.pooled:
         return None
     return Pool(
@@ -117,7 +119,10 @@ def pool_of(route: Route) -> Pool | None:
         [t.tier for t in route.targets],
         [t.weight for t in route.targets],
         route.affinity,
-        [(route.name, t.name, t.url, seed(repr(sorted(t.headers.items())))) for t in route.targets],
+        [
+            (route.name, t.name, t.url, seed(repr(sorted(t.headers.items()))), same_clock(clock))
+            for t in route.targets
+        ],
     )
 
 
@@ -227,7 +232,8 @@ class Pool:
                 able = len(ranked)
                 if self.limited or self.refused:
                     ranked, able = self._behind(ranked, now)
-                if not self._weighted:
+                if not self._weighted or able < len(ranked):
+                    # (weighted: drawn again among those that can take it, by weight alone)
                     ranked = self._least(ranked, now, random, able)
             out = ranked if not out else out + ranked
         return out
@@ -237,7 +243,8 @@ class Pool:
         (all, if 0: those that can take a request now), then the rest of its pool as
         listed. Members that tie are chosen between at random by weight (so at light
         load weights decide, and under load no member wins ties for being listed
-        first): one drawn by weight that costs least is kept."""
+        first): one drawn by weight that costs least is kept. Under ``weighted`` every
+        member ties: one of the first `able` drawn by weight alone."""
         members = self.members
         best, least, tied = drawn[0], math.inf, 0.0
         whole = not able or able == len(drawn)
@@ -274,9 +281,11 @@ class Pool:
         else:
             if whole and not members[best].flying:
                 return drawn  # none in flight on the one drawn first: none costs less
+            weighted = self._weighted  # (by weight alone: every member ties)
             for i in drawn:
                 m = members[i]
-                cost = len(m.flying) * m.per_weight
+                n = 0 if weighted else len(m.flying)
+                cost = n * m.per_weight if n else 0.0  # (a weight rounded to 0: inf per unit)
                 if cost < least:
                     best, least, tied = i, cost, m.weight
                 elif cost == least:  # one of the tied, each by its weight (reservoir)

@@ -254,13 +254,14 @@ class Router:
 
     __slots__ = ("_table", "routes")
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, clock: Any = None) -> None:
+        """`clock`: the clock its pools' members are measured on (`pools.pool_of`)."""
         self.routes: dict[str, CompiledRoute] = {}
         # origin -> [(path prefix, route, candidates in order, direct, the candidates on
         # another provider account than the first)], longest prefix first
         table: dict[str, list[_Row]] = {}
         for route in config.routes:
-            compiled = _compile_route(route, config.failover)
+            compiled = _compile_route(route, config.failover, clock)
             self.routes[route.name] = compiled
             targets = compiled.targets
             for index, first in enumerate(targets):
@@ -324,7 +325,7 @@ def _others(ordered: tuple[CompiledTarget, ...]) -> frozenset[int]:
     return frozenset(i for i, t in enumerate(ordered) if account(t) != own)
 
 
-def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
+def _compile_route(route: Route, base: FailoverPolicy, clock: Any) -> CompiledRoute:
     policy = route.policy(base)
     return CompiledRoute(
         name=route.name,
@@ -341,7 +342,7 @@ def _compile_route(route: Route, base: FailoverPolicy) -> CompiledRoute:
             paths=route.provider_state.paths,
             fields=route.provider_state.fields,
         ),
-        pool=pool_of(route),
+        pool=pool_of(route, clock),
     )
 
 

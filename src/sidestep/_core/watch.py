@@ -23,6 +23,7 @@ from .._state.protocol import Ticket
 from ..logging import emit
 from .routes import Candidates, CompiledTarget
 from .run import CoreState, Outcome, Run
+from .spreading import landed
 
 __all__ = ["Watching"]
 
@@ -42,7 +43,11 @@ class Watching(CoreState):
     def _watched(self, run: Run) -> Generator[Any, Any, Any]:
         run.watched = True
         route = run.route_name
-        emit("request.started", route=route, method=run.request.method)
+        try:
+            emit("request.started", route=route, method=run.request.method)
+        except BaseException:
+            landed(run)  # (held for the member it was picked for: `FastPath.decide`)
+            raise
         outcome, error = CANCELLED, None
         try:
             response = yield from self._loop(run)
