@@ -5,12 +5,14 @@ and handing back the result or the exception. It decides nothing.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from .._core.effects import Call, Close, Read, Send, Sleep
+from .._core.effects import Call, Close, Race, Read, Send, Sleep
 from .._core.run import Run
 from .deadlines import NO_ANSWER, OUT_OF_TIME
+from .races import BranchCancelled, race_sync, stops_at
 from .replay import sync_replay
 from .shell import SENDING, Shell
 
@@ -68,7 +70,10 @@ class SyncShell(Shell):
             self._core.closing()
             self._waits.notify_all()
 
-    def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
+    def _drive(self, steps: Generator[Any, Any, Any], lost: threading.Event | None = None) -> Any:
+        """Perform the effects `steps` yields, to its end. A branch of a race (`races`)
+        comes with its `lost` event: once set, it sends, reads and waits no more, and
+        `BranchCancelled` is thrown into it instead, so it closes what it holds."""
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -77,6 +82,9 @@ class SyncShell(Shell):
             except StopIteration as stop:
                 return stop.value
             value, error = None, None
+            if lost is not None and lost.is_set() and stops_at(effect):
+                error = BranchCancelled()
+                continue
             try:
                 if type(effect) is Send:  # the common effect, inline
                     if self._forwards:
@@ -101,6 +109,8 @@ class SyncShell(Shell):
             return None
         if kind is Call:
             return getattr(self._core.store, effect.name)(*effect.args)
+        if kind is Race:
+            return race_sync(effect, self._drive)
         raise TypeError(f"unknown effect {kind.__name__}")
 
     def _read(self, effect: Read) -> tuple[list[bytes], bool]:

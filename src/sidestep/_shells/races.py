@@ -1,0 +1,149 @@
+"""The `Race` effect performed: two branches of the core's effects run at once, the first
+result the core says ends the race wins, the other branch is cancelled.
+
+The async shell runs the branches as two tasks of one task group, and cancels the
+loser's scope: its generator gets the cancellation at the effect it waits on and
+closes what it holds, as any cancelled request does. The sync shell runs both branches
+in threads of their own, so the caller's thread is free to return the winner at once;
+a thread blocked in a socket read cannot be interrupted, so the loser is told at its
+next effect — a response it was sent is closed there, and its generator gets
+`BranchCancelled` — and is bounded meanwhile by its own deadlines. Nothing here
+decides: which result ends the race, and what the second branch is, are the core's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+import anyio
+
+from .._core.effects import NOT_RUN, Race, Raced, Read, Send, Sleep
+
+__all__ = ["BranchCancelled", "race_async", "race_sync"]
+
+Steps = Generator[Any, Any, Any]
+
+
+class BranchCancelled(BaseException):
+    """Thrown into a sync branch that lost its race (a cancellation: not an upstream's
+    failure, so the core closes and lets go rather than judging it)."""
+
+
+async def race_async(effect: Race, drive: Callable[[Steps], Awaitable[Any]]) -> Raced:
+    """`effect` with two tasks, each branch driven by `drive` (the async shell's)."""
+    results: list[Any] = [NOT_RUN, NOT_RUN]
+    errors: list[BaseException] = []
+    winner: int | None = None
+    scopes = (anyio.CancelScope(), anyio.CancelScope())
+    first_done = anyio.Event()
+    started = False
+
+    async def branch(index: int, steps: Steps) -> None:
+        nonlocal winner
+        try:
+            with scopes[index]:
+                try:
+                    value = await drive(steps)
+                except Exception as exc:  # the core's own failure: the race ends with it
+                    errors.append(exc)
+                    scopes[1 - index].cancel()
+                    return
+                results[index] = value
+                if winner is None and effect.ends(value):
+                    winner = index
+                    scopes[1 - index].cancel()
+        finally:
+            if index == 0:
+                first_done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(branch, 0, effect.first)
+        with anyio.move_on_after(effect.delay):
+            await first_done.wait()
+        if not first_done.is_set():
+            second = effect.second()
+            if second is not None:
+                started = True
+                group.start_soon(branch, 1, second)
+    if errors:
+        raise errors[0]
+    return Raced((results[0], results[1]), winner, started)
+
+
+def race_sync(effect: Race, drive: Callable[[Steps, threading.Event], Any]) -> Raced:
+    """`effect` with a thread per branch, each driven by `drive` (the sync shell's
+    `_drive_branch`, which stops at its next effect once its event is set)."""
+    state = threading.Condition()
+    results: list[Any] = [NOT_RUN, NOT_RUN]
+    done = [False, False]
+    errors: list[BaseException] = []
+    winner: list[int] = []
+    lost = (threading.Event(), threading.Event())
+
+    def branch(index: int, steps: Steps) -> None:
+        value: Any = NOT_RUN
+        error: BaseException | None = None
+        try:
+            value = drive(steps, lost[index])
+        except BranchCancelled:
+            pass
+        except BaseException as exc:  # handed to the caller's thread, raised there
+            error = exc
+        with state:
+            done[index] = True
+            if error is not None:
+                errors.append(error)
+                lost[1 - index].set()
+            elif value is not NOT_RUN and not lost[index].is_set():
+                results[index], value = value, NOT_RUN  # handed back
+                if not winner and effect.ends(results[index]):
+                    winner.append(index)
+                    lost[1 - index].set()
+            state.notify_all()
+        if value is not NOT_RUN:  # it came after this branch lost: nobody takes it
+            with contextlib.suppress(Exception):  # (nobody to tell, in this thread)
+                drive(effect.discard(value), threading.Event())
+
+    def start(index: int, steps: Steps) -> None:
+        context = contextvars.copy_context()  # the caller's context vars, per branch
+        name = f"sidestep-race-{index}"
+        thread = threading.Thread(target=context.run, args=(branch, index, steps), name=name)
+        thread.daemon = True
+        thread.start()
+
+    def over() -> bool:
+        return bool(errors or winner) or all(done)
+
+    started = False
+    try:
+        start(0, effect.first)
+        with state:
+            state.wait_for(lambda: done[0], effect.delay)
+            first_over = done[0]
+        if not first_over:
+            second = effect.second()
+            if second is not None:
+                started = True
+                start(1, second)
+        with state:
+            if started:
+                state.wait_for(over)
+            else:
+                state.wait_for(lambda: done[0])
+            if errors:
+                raise errors[0]
+            return Raced((results[0], results[1]), winner[0] if winner else None, started)
+    except BaseException:
+        for event in lost:  # the caller's own interruption (or an error): both stop
+            event.set()
+        raise
+
+
+def stops_at(effect: Any) -> bool:
+    """Whether a lost sync branch is stopped before performing `effect`: it would send,
+    read or wait. (Closing and the store's calls are performed: what it holds goes back.)"""
+    return type(effect) in (Send, Read, Sleep, Race)
