@@ -13,10 +13,10 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from enum import Enum
+from typing import Protocol
 
-from .._answers.classify import is_idempotent
+from .._answers.classify import Verdict, is_idempotent
 from .._settings.routes import Hedge
-from .run import Outcome
 
 __all__ = [
     "BURST",
@@ -24,6 +24,7 @@ __all__ = [
     "SAMPLES",
     "FirstTokenTimes",
     "HedgeBudget",
+    "HedgeState",
     "Refused",
     "ends_race",
     "hedge_delay",
@@ -173,7 +174,36 @@ def hedge_delay(hedge: Hedge, times: FirstTokenTimes | None) -> float | None:
     return hedge.delay
 
 
-def ends_race(outcome: Outcome) -> bool:
+class HedgeState:
+    """What a hedged route keeps between its requests: its settings, its budget, and each
+    target's recent times to first token (by target name)."""
+
+    __slots__ = ("_times", "budget", "hedge")
+
+    def __init__(self, hedge: Hedge) -> None:
+        self.hedge = hedge
+        self.budget = HedgeBudget(hedge.budget)
+        self._times: dict[str, FirstTokenTimes] = {}
+
+    def __repr__(self) -> str:
+        return f"HedgeState({self.hedge!r}, {self.budget!r})"
+
+    def times(self, target: str) -> FirstTokenTimes:
+        """`target`'s recent times to first token (made on first use, once)."""
+        times = self._times.get(target)
+        if times is None:
+            times = self._times.setdefault(target, FirstTokenTimes())
+        return times
+
+
+class _Ended(Protocol):
+    """An attempt's outcome, as far as a race needs it (`run.Outcome`)."""
+
+    committed: bool
+    verdict: Verdict
+
+
+def ends_race(outcome: _Ended) -> bool:
     """Whether an attempt's outcome ends a race: an answer handed to the caller (at its
     commit point), or one the request ends with wherever it was sent (it does not fail
     over: a 400 the other attempt would get too). A failure that fails over waits for

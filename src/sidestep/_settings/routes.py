@@ -234,8 +234,6 @@ class Affinity(Model):
 _Percentile = Annotated[float, BeforeValidator(refuse_bool), Field(gt=0, lt=1)]
 # Budgets above this send a second request for more than one request in four: warned of.
 _LAVISH_BUDGET = 0.25
-# Hedging is designed (docs/hedging.md) but no transport sends a hedge yet.
-_NOT_ACTED_ON = "hedge: is validated but not acted on yet: no transport sends a hedge"
 
 
 class Hedge(Model):
@@ -398,7 +396,6 @@ class Route(Model):
                 f"route {self.name!r}: hedge.delay is not shorter than first_byte_timeout:"
                 " the attempt fails over before a hedge would start"
             )
-        warn(_NOT_ACTED_ON)
         return self
 
     @property

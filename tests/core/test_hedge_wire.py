@@ -1,0 +1,265 @@
+"""Hedged requests through every transport, against real upstreams on 127.0.0.1.
+
+A first target held back past the hedge's delay (by a gate the test opens once the
+request is over, never by a fixed sleep) loses to the next candidate; the loser's
+connection is closed and nothing stays taken in a pool of two connections. What may
+not be hedged (a POST with no Idempotency-Key) is never sent twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+
+import sidestep
+from drivers import Driver, MakeDriver, route
+from sidestep._settings.values import SidestepConfigWarning
+from upstream import IN_TIME, Hang, Respond, Upstream, wait_for
+
+# A hedge delay a held-back first target always outlasts (the gate opens only after the
+# request is over), and one no answer on 127.0.0.1 takes, however busy the machine.
+SHORT = 0.01
+LONG = 30.0
+POOL = {"max_connections": 2, "max_keepalive_connections": 2}
+
+
+def hedged(*targets: Upstream, delay: float = SHORT, **hedge: Any) -> dict[str, Any]:
+    """One route over `targets`, hedged after `delay` with a budget of every request."""
+    return route(
+        *((t.name, t.url + "/v1") for t in targets),
+        route={"hedge": {"delay": delay, "budget": 1.0, **hedge}},
+    )
+
+
+@pytest.fixture
+def gate() -> Iterator[threading.Event]:
+    """An event a held-back upstream waits for; set when the test ends, whatever happened."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def build(make: MakeDriver, config: dict[str, Any], kind: str) -> Driver:
+    module: Any = __import__("httpx2" if kind.startswith("httpx2") else "httpx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        return make(config, limits=module.Limits(**POOL), timeout=IN_TIME * 5)
+
+
+def nothing_held(d: Driver, upstream: Upstream) -> bool:
+    """No connection to `upstream` in the client's pool is taken by a request."""
+    return all(d.pooled(upstream.port))
+
+
+def test_a_slow_first_target_loses_to_the_hedge(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """After the delay with no answer from the first target, the next is sent the request; its
+    answer is handed over, attributed as hedged, with both attempts counted."""
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    d = build(make, hedged(a, b), kind)
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "b"
+    assert got.extensions["sidestep"] == {
+        "route": "chat",
+        "target": "b",
+        "attempts": 2,
+        "failover": True,
+        "hedged": True,
+    }
+    wait_for(lambda: a.calls == 1)  # (its server may note the request after b answered)
+    assert b.calls == 1
+
+
+def test_an_answer_within_the_delay_sends_no_hedge(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A first target that answers before the delay is the only one sent the request."""
+    d = build(make, hedged(a, b, delay=LONG), kind)
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "a"
+    assert got.extensions["sidestep"] == {
+        "route": "chat",
+        "target": "a",
+        "failover": False,
+        "attempts": 1,
+    }
+    assert b.calls == 0
+
+
+def test_the_losers_connection_is_closed_and_a_pool_of_two_stays_free(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """Three hedged requests in a row, each won by the hedge, through a pool of two
+    connections: each loser's connection is given back, so none waits for one."""
+    gates: list[threading.Event] = []
+
+    def held(seen: Any) -> Respond:
+        gates.append(threading.Event())
+        return Respond(body=b"late", gate=gates[-1])
+
+    a.behaviour = held
+    d = build(make, hedged(a, b), kind)
+    try:
+        for n in range(3):
+            assert d.get(a.url + "/v1/x").text == "b"
+            wait_for(lambda n=n: len(gates) == n + 1)
+            gates[n].set()  # a sync loser learns it lost when its answer comes
+            wait_for(lambda: nothing_held(d, a) and nothing_held(d, b))
+    finally:
+        for event in gates:
+            event.set()
+    assert a.calls == 3
+
+
+def test_a_post_without_an_idempotency_key_is_never_hedged(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """A POST that is not safe to send twice waits for its first target, however slow."""
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    threading.Timer(0.3, gate.set).start()
+    d = build(make, hedged(a, b), kind)
+    assert d.post(a.url + "/v1/x", json={"q": 1}).text == "late"
+    assert b.calls == 0
+
+
+def test_a_post_with_an_idempotency_key_is_hedged(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """A POST carrying an Idempotency-Key may be sent twice, so it is hedged."""
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    d = build(make, hedged(a, b), kind)
+    got = d.post(a.url + "/v1/x", json={"q": 1}, headers={"idempotency-key": "k-1"})
+    assert got.text == "b"
+    assert got.extensions["sidestep"]["hedged"] is True
+    assert b.seen[0].json() == {"q": 1}
+
+
+def test_when_both_fail_the_request_goes_on_to_the_next_candidate(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, c: Upstream
+) -> None:
+    """A first target and its hedge that both fail are both counted, and the request fails
+    over to the candidate after the hedge's, as it would have without the hedge."""
+    opened = threading.Event()
+
+    def first(seen: Any) -> Respond:
+        return Respond(503, b"down", gate=opened)
+
+    def second(seen: Any) -> Respond:
+        opened.set()  # the hedge reached b: the first may fail now
+        return Respond(503, b"down too")
+
+    a.behaviour, b.behaviour = first, second
+    d = build(make, hedged(a, b, c), kind)
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "c"
+    assert got.extensions["sidestep"]["attempts"] == 3
+    assert got.extensions["sidestep"]["hedged"] is True
+    assert (a.calls, b.calls, c.calls) == (1, 1, 1)
+
+
+def test_the_budget_bounds_the_hedges(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """With a budget of half the requests, the first slow request is not hedged and the
+    second is: each request adds half a hedge to the route's bucket."""
+    gates: list[threading.Event] = []
+
+    def held(seen: Any) -> Respond:
+        gates.append(threading.Event())
+        return Respond(body=b"late", gate=gates[-1])
+
+    a.behaviour = held
+    d = build(make, hedged(a, b, budget=0.5), kind)
+    try:
+        threading.Thread(
+            target=lambda: (wait_for(lambda: len(gates) == 1), gates[0].set()), daemon=True
+        ).start()
+        first = d.get(a.url + "/v1/x")
+        assert first.text == "late"  # not hedged: it waited for its answer
+        assert "hedged" not in first.extensions["sidestep"]
+        assert b.calls == 0
+        second = d.get(a.url + "/v1/x")
+        assert second.text == "b"
+        assert second.extensions["sidestep"]["hedged"] is True
+        assert b.calls == 1
+    finally:
+        for event in gates:
+            event.set()
+
+
+def test_an_adaptive_delay_waits_for_enough_times_to_first_token(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """An adaptive hedge with no fixed delay sends no hedge until twenty times to first token
+    of its target are known; then a request slower than their median is hedged."""
+    config = hedged(a, b)
+    config["routes"][0]["hedge"] = {"adaptive": 0.5, "budget": 1.0}
+    d = build(make, config, kind)
+    for _ in range(20):
+        assert d.get(a.url + "/v1/fast").text == "a"
+    assert b.calls == 0
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "b"
+    assert got.extensions["sidestep"]["hedged"] is True
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.mark.anyio
+async def test_cancelling_a_hedged_request_closes_both_attempts(a: Upstream, b: Upstream) -> None:
+    """A hedged request cancelled while both attempts wait closes both connections, and a pool
+    of two serves two requests at once after it."""
+    a.behaviour = b.behaviour = lambda seen: Hang()
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(**POOL))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        transport = sidestep.AsyncFailoverTransport(hedged(a, b), transport=inner)
+    client = httpx.AsyncClient(transport=transport, timeout=60)
+    async with client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.get, a.url + "/v1/x")
+            await anyio.to_thread.run_sync(lambda: wait_for(lambda: b.calls == 1))
+            group.cancel_scope.cancel()
+        await anyio.to_thread.run_sync(
+            lambda: wait_for(lambda: a.open_connections == 0 and b.open_connections == 0)
+        )
+        a.behaviour = lambda seen: Respond(body=b"again")
+        answers: list[str] = []
+
+        async def again() -> None:
+            answers.append((await client.get(a.url + "/v1/again")).text)
+
+        async with anyio.create_task_group() as group:
+            for _ in range(2):
+                group.start_soon(again)
+    assert answers == ["again", "again"]
+
+
+def test_a_pooled_route_hedges_to_its_next_member(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """On a pooled route the hedge goes to the member after the first in the request's order,
+    and neither member is left counted in flight once the request is over."""
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    config = hedged(a, b)
+    config["routes"][0]["balance"] = "least_in_flight"
+    for target, tier in zip(config["routes"][0]["targets"], (0, 1), strict=True):
+        target["tier"] = tier  # one member a tier: the order is a, then b
+    d = build(make, config, kind)
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "b"
+    assert got.extensions["sidestep"]["hedged"] is True
+    gate.set()
+    pool = d.transport._core.router.routes["chat"].pool
+    wait_for(lambda: all(m.in_flight == 0 for m in pool.members))
