@@ -263,3 +263,55 @@ def test_a_pooled_route_hedges_to_its_next_member(
     gate.set()
     pool = d.transport._core.router.routes["chat"].pool
     wait_for(lambda: all(m.in_flight == 0 for m in pool.members))
+
+
+def test_a_hedge_is_told_by_its_event(
+    make: MakeDriver,
+    kind: str,
+    a: Upstream,
+    b: Upstream,
+    gate: threading.Event,
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """`hedge.finished` names the route, the first target, where the hedge went and that it
+    won; a request answered within the delay emits none."""
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    d = build(make, hedged(a, b), kind)
+    assert d.get(a.url + "/v1/x").text == "b"
+    told = [fields for event, fields in events if event == "hedge.finished"]
+    assert told == [
+        {"route": "chat", "target": "a", "hedge": "b", "outcome": "won", "delay_s": SHORT}
+    ]
+    gate.set()
+    events.clear()
+    a.behaviour = lambda seen: Respond(body=b"a")
+    quick = build(make, hedged(a, b, delay=LONG), kind)
+    assert quick.get(a.url + "/v1/x").text == "a"
+    assert not [event for event, _ in events if event == "hedge.finished"]
+
+
+def test_a_hedge_the_budget_refuses_is_told(
+    make: MakeDriver,
+    kind: str,
+    a: Upstream,
+    b: Upstream,
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """A request whose delay ran out with no hedge in the budget is told as refused_budget, and
+    no hedge is sent."""
+    gate = threading.Event()
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    d = build(make, hedged(a, b, budget=0.5), kind)
+
+    def release() -> None:
+        wait_for(lambda: any(e == "hedge.finished" for e, _ in list(events)))
+        gate.set()
+
+    threading.Thread(target=release, daemon=True).start()
+    try:
+        assert d.get(a.url + "/v1/x").text == "late"
+    finally:
+        gate.set()
+    told = [fields for event, fields in events if event == "hedge.finished"]
+    assert [(f["outcome"], f["hedge"]) for f in told] == [("refused_budget", None)]
+    assert b.calls == 0

@@ -17,9 +17,10 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from .._state.protocol import Ticket
+from ..logging import emit
 from .attempts import Attempting
 from .candidates import Candidacy
-from .effects import NOT_RUN, Call, Race
+from .effects import NOT_RUN, Call, Race, Raced
 from .hedging import HedgeState, ends_race, hedge_delay, may_hedge
 from .routes import CompiledTarget
 from .run import SUCCESS, Outcome, Run
@@ -135,14 +136,21 @@ class Hedged(Candidacy, Attempting):
         other.last = other.last_target = other.received = other.aloft = None
         other.admission, other.injected = None, None
 
+        asked: list[bool] = []  # the delay ran out: whether the budget paid for a hedge
+
         def second() -> Generator[Any, Any, Branch] | None:
-            if not state.budget.withdraw():
-                return None
-            return self._hedge(other, index + 1, state)
+            paid = state.budget.withdraw()
+            asked.append(paid)
+            if paid:
+                return self._hedge(other, index + 1, state)
+            self._told(run, index, "refused_budget", None, delay)  # now: the first goes on
+            return None
 
         raced = yield Race(
             self._first(run, index, target, sent, ticket), second, delay, _ends, self._lost
         )
+        if asked and asked[0]:
+            self._told_raced(run, index, raced, delay, other.passed)
         if raced.started:
             run.hedged = True
             run.attempts += other.attempts - attempts
@@ -162,6 +170,32 @@ class Hedged(Candidacy, Attempting):
             yield from self._lost(hedge)
             run.passed = hedge[1]  # the candidates it reached were refused: not asked again
         return first[0], target, index
+
+    def _told_raced(self, run: Run, index: int, raced: Raced, delay: float, sent_to: int) -> None:
+        """`hedge.finished` for a race with a hedge paid for: what came of it (`sent_to`:
+        the candidate the hedge was sent to, if it got that far)."""
+        hedge = raced.results[1]
+        if raced.winner == 1:
+            outcome = "won"
+        elif raced.winner == 0:
+            outcome = "lost"
+        elif hedge is not NOT_RUN and hedge[0] is not None:
+            outcome = "failed"
+        else:
+            outcome = "no_candidate"
+        self._told(run, index, outcome, sent_to if sent_to > index else None, delay)
+
+    def _told(self, run: Run, index: int, outcome: str, sent_to: int | None, delay: float) -> None:
+        """`hedge.finished`: the request's hedge delay ran out, and `outcome` came of it."""
+        targets = run.cands.targets
+        emit(
+            "hedge.finished",
+            route=run.route_name,
+            target=targets[index].name,
+            hedge=None if sent_to is None else targets[sent_to].name,
+            outcome=outcome,
+            delay_s=delay,
+        )
 
     def _first(
         self, run: Run, index: int, target: CompiledTarget, sent: Any, ticket: Ticket
@@ -204,6 +238,7 @@ class Hedged(Candidacy, Attempting):
                     self._announce(admission.transitions, target, run)
                 if admission.refusal is not None:
                     self._observe_skip(run, target, admission)
+                run.passed = index  # (what `hedge.finished` names)
                 outcome = yield from self._judged_attempt(run, target, run.sent, ticket)
             except BaseException:
                 yield from self._let_go(ticket)
