@@ -36,6 +36,13 @@ def _ends(value: Branch) -> bool:
     return value[0] is not None and ends_race(value[0])
 
 
+def _goes_on(run: Run, branch: Run) -> None:
+    """The loop's `run` takes on what its loop reads of the branch whose outcome goes on:
+    when its attempt was sent (a close since then cuts the request short), and its result."""
+    run.sent_at, run.closes_seen = branch.sent_at, branch.closes_seen
+    run.result, run.injected = branch.result, branch.injected
+
+
 class Hedged(Candidacy, Attempting):
     """The attempts on one candidate, judged; and, for a hedged request, raced."""
 
@@ -132,9 +139,15 @@ class Hedged(Candidacy, Attempting):
         delay, state = plan
         attempts, tried = run.attempts, run.tried
         skipped, excluded = len(run.skipped), len(run.excluded)
-        other = copy.copy(run)  # the hedge's own run: nothing of it is shared with the first
+        # Each branch has a run of its own, so neither writes what the other (or the loop,
+        # once the race is over: a sync loser's thread ends later) reads; the loop's run
+        # takes the counts of both, and the rest from the one whose outcome goes on.
+        mine = copy.copy(run)
+        other = copy.copy(run)
         other.last = other.last_target = other.received = other.aloft = None
         other.admission, other.injected = None, None
+        # numbered after the first's attempt (a single one, unless it retries its target)
+        other.attempts = hedge_base = attempts + 1
 
         asked: list[bool] = []  # the delay ran out: whether the budget paid for a hedge
 
@@ -147,13 +160,16 @@ class Hedged(Candidacy, Attempting):
             return None
 
         raced = yield Race(
-            self._first(run, index, target, sent, ticket), second, delay, _ends, self._lost
+            self._first(mine, index, target, sent, ticket), second, delay, _ends, self._lost
         )
         if asked and asked[0]:
             self._told_raced(run, index, raced, delay, other.passed)
+        run.attempts += mine.attempts - attempts
+        run.tried += mine.tried - tried
+        run.streams = mine.streams
         if raced.started:
             run.hedged = True
-            run.attempts += other.attempts - attempts
+            run.attempts += other.attempts - hedge_base
             run.tried += other.tried - tried
             run.skipped += other.skipped[skipped:]
             run.excluded += other.excluded[excluded:]
@@ -163,12 +179,14 @@ class Hedged(Candidacy, Attempting):
             if first is not NOT_RUN:
                 yield from self._lost(first)
             outcome, reached = hedge
+            _goes_on(run, other)
             run.passed = reached
             targets = run.cands.targets
             return outcome, targets[reached], reached
         if hedge is not NOT_RUN:
             yield from self._lost(hedge)
             run.passed = hedge[1]  # the candidates it reached were refused: not asked again
+        _goes_on(run, mine)
         return first[0], target, index
 
     def _told_raced(self, run: Run, index: int, raced: Raced, delay: float, sent_to: int) -> None:
