@@ -315,3 +315,44 @@ def test_a_hedge_the_budget_refuses_is_told(
     told = [fields for event, fields in events if event == "hedge.finished"]
     assert [(f["outcome"], f["hedge"]) for f in told] == [("refused_budget", None)]
     assert b.calls == 0
+
+
+def test_no_hedge_goes_to_a_pool_member_without_rate_limit_room(
+    make: MakeDriver,
+    kind: str,
+    a: Upstream,
+    b: Upstream,
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """A pool member whose last answer said no request is left until a reset an hour away is
+    sent no hedge: the request waits for its first member, told as no_candidate."""
+    spent = {
+        "x-ratelimit-limit-requests": "100",
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "1h",
+    }
+    gate = threading.Event()
+    answers = iter([Respond(503, b"down")])
+    a.behaviour = lambda seen: next(answers, None) or Respond(body=b"late", gate=gate)
+    b.behaviour = lambda seen: Respond(body=b"b", headers=dict(spent))
+    config = hedged(a, b)
+    config["routes"][0]["balance"] = "least_in_flight"
+    for target, tier in zip(config["routes"][0]["targets"], (0, 1), strict=True):
+        target["tier"] = tier
+    d = build(make, config, kind)
+    assert d.get(a.url + "/v1/x").text == "b"  # a failed: b answered, its window spent
+    events.clear()
+
+    def release() -> None:
+        wait_for(lambda: any(e == "hedge.finished" for e, _ in list(events)))
+        gate.set()
+
+    threading.Thread(target=release, daemon=True).start()
+    try:
+        got = d.get(a.url + "/v1/x")
+    finally:
+        gate.set()
+    assert got.text == "late"
+    told = [fields for event, fields in events if event == "hedge.finished"]
+    assert [(f["outcome"], f["hedge"]) for f in told] == [("no_candidate", None)]
+    assert b.calls == 1

@@ -155,7 +155,7 @@ class Hedged(Candidacy, Attempting):
             paid = state.budget.withdraw()
             asked.append(paid)
             if paid:
-                return self._hedge(other, index + 1, state)
+                return self._hedge(other, index + 1, state, delay)
             self._told(run, index, "refused_budget", None, delay)  # now: the first goes on
             return None
 
@@ -193,14 +193,14 @@ class Hedged(Candidacy, Attempting):
         """`hedge.finished` for a race with a hedge paid for: what came of it (`sent_to`:
         the candidate the hedge was sent to, if it got that far)."""
         hedge = raced.results[1]
+        if hedge is not NOT_RUN and hedge[0] is None:
+            return  # no candidate took the hedge: told as it found none (`_hedge`)
         if raced.winner == 1:
             outcome = "won"
         elif raced.winner == 0:
             outcome = "lost"
-        elif hedge is not NOT_RUN and hedge[0] is not None:
-            outcome = "failed"
         else:
-            outcome = "no_candidate"
+            outcome = "failed"
         self._told(run, index, outcome, sent_to if sent_to > index else None, delay)
 
     def _told(self, run: Run, index: int, outcome: str, sent_to: int | None, delay: float) -> None:
@@ -226,14 +226,22 @@ class Hedged(Candidacy, Attempting):
             raise
         return outcome, index
 
-    def _hedge(self, run: Run, start: int, state: HedgeState) -> Generator[Any, Any, Branch]:
+    def _hedge(
+        self, run: Run, start: int, state: HedgeState, delay: float
+    ) -> Generator[Any, Any, Branch]:
         """The race's second branch: the first candidate from `start` that takes the
-        request (the others skipped, as the loop skips them), and one attempt there.
-        None for its outcome when none takes it: the hedge paid for is given back."""
+        request (the others skipped, as the loop skips them; none past a pool member
+        whose announced rate limits leave no room), and one attempt there. None for
+        its outcome when none takes it: the hedge paid for is given back."""
         targets = run.cands.targets
         reached = start - 1
         for index in range(start, len(targets)):
             if run.deadline is not None and self.clock() >= run.deadline:
+                break
+            members = run.cands.members
+            if members is not None and not members[index].has_room(self.clock()):
+                # a pool member its announced rate limits leave no room on: no hedge (and
+                # the loop may still fail over to it, once its window has come back)
                 break
             reached = index
             target = targets[index]
@@ -263,6 +271,7 @@ class Hedged(Candidacy, Attempting):
                 raise
             return outcome, index
         state.budget.refund()
+        self._told(run, start - 1, "no_candidate", None, delay)  # now: the first goes on
         return None, reached
 
     def _lost(self, value: Branch) -> Generator[Any, Any, None]:
