@@ -20,13 +20,14 @@ import pytest
 import sidestep
 from drivers import Driver, MakeDriver, route
 from sidestep._settings.values import SidestepConfigWarning
-from upstream import IN_TIME, Hang, Respond, Upstream, wait_for
+from upstream import IN_TIME, Hang, Respond, Stream, Upstream, wait_for
 
 # A hedge delay a held-back first target always outlasts (the gate opens only after the
 # request is over), and one no answer on 127.0.0.1 takes, however busy the machine.
 SHORT = 0.01
 LONG = 30.0
 POOL = {"max_connections": 2, "max_keepalive_connections": 2}
+KEY = {"idempotency-key": "k-1"}  # a POST that may be sent twice
 
 
 def hedged(*targets: Upstream, delay: float = SHORT, **hedge: Any) -> dict[str, Any]:
@@ -356,3 +357,51 @@ def test_no_hedge_goes_to_a_pool_member_without_rate_limit_room(
     told = [fields for event, fields in events if event == "hedge.finished"]
     assert [(f["outcome"], f["hedge"]) for f in told] == [("no_candidate", None)]
     assert b.calls == 1
+
+
+SSE = {"content-type": "text/event-stream"}
+TOKEN = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+
+
+def test_keep_alives_are_no_first_token_and_the_hedge_wins_at_its_own(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """A first target that sends its headers and keep-alives but no content has not reached
+    its commit point: the hedge's first token wins, and the caller reads the hedge's stream."""
+    a.behaviour = lambda seen: Stream([b": keep-alive\n\n", TOKEN], headers=SSE, release=gate)
+    b.behaviour = lambda seen: Stream([TOKEN, b"data: [DONE]\n\n"], headers=SSE)
+    d = build(make, hedged(a, b), kind)
+    got = d.post(a.url + "/v1/chat/completions", json={"stream": True}, headers=KEY)
+    assert got.body == TOKEN + b"data: [DONE]\n\n"
+    assert got.extensions["sidestep"]["target"] == "b"
+
+
+def test_with_commit_complete_the_first_whole_body_wins(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """With commit: complete, a first target whose body stops half-way has not reached its
+    commit point: the hedge's whole body wins."""
+    a.behaviour = lambda seen: Stream([b'{"a": ', b"1}"], release=gate)
+    b.behaviour = lambda seen: Stream([b'{"b": ', b"2}"])
+    config = hedged(a, b)
+    config["routes"][0]["commit"] = "complete"
+    d = build(make, config, kind)
+    got = d.get(a.url + "/v1/x")
+    assert got.body == b'{"b": 2}'
+    assert got.extensions["sidestep"]["hedged"] is True
+
+
+def test_a_shared_store_admits_the_hedge_too(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event, tmp_path: Any
+) -> None:
+    """Over a store whose admissions are effects (SQLite), the hedge is admitted and sent as
+    over memory."""
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    store = sidestep.SqliteStore(str(tmp_path / "state.db"), timeout=30)
+    module: Any = __import__("httpx2" if kind.startswith("httpx2") else "httpx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        d = make(hedged(a, b), store=store, limits=module.Limits(**POOL))
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "b"
+    assert got.extensions["sidestep"]["hedged"] is True
