@@ -20,6 +20,7 @@ import pytest
 import sidestep
 from drivers import Driver, MakeDriver, route
 from sidestep._settings.values import SidestepConfigWarning
+from sidestep._state.memory import MemoryStore
 from upstream import IN_TIME, Hang, Respond, Stream, Upstream, wait_for
 
 # A hedge delay a held-back first target always outlasts (the gate opens only after the
@@ -405,3 +406,30 @@ def test_a_shared_store_admits_the_hedge_too(
     got = d.get(a.url + "/v1/x")
     assert got.text == "b"
     assert got.extensions["sidestep"]["hedged"] is True
+
+
+def test_the_hedge_skips_a_suspended_candidate_for_the_next(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, c: Upstream, gate: threading.Event
+) -> None:
+    """A hedge never goes to a suspended target: it goes to the next candidate that takes it,
+    and the request's attribution names that one."""
+    store = MemoryStore()
+    b.behaviour = lambda seen: Respond(503, b"down")
+    opener = route(
+        ("a", a.url + "/v1"),
+        ("b", b.url + "/v1"),
+        ("c", c.url + "/v1"),
+        breaker={"failure_threshold": 1},
+    )
+    module: Any = __import__("httpx2" if kind.startswith("httpx2") else "httpx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        plain = make(opener, store=store)
+        d = make(hedged(a, b, c), store=store, limits=module.Limits(**POOL))
+    assert plain.get(b.url + "/v1/x").text == "a"  # b failed once: open, with threshold 1
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    got = d.get(a.url + "/v1/x")
+    assert got.text == "c"
+    assert got.extensions["sidestep"]["target"] == "c"
+    assert got.extensions["sidestep"]["hedged"] is True
+    assert b.calls == 1
