@@ -300,3 +300,26 @@ def test_a_plan_is_not_under_a_client_after_uninstall(a: Upstream, b: Upstream) 
         assert len(plan.injected) == 1
     finally:
         client.close()
+
+
+def test_a_rules_names_need_one_transport_the_plan_is_under(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Under two transports of different configurations, a rule is accepted when one of them has its route and target, and injects there; a target neither has, or a target outside the route named, is refused naming it; a plan under no transport yet takes any name, and apply() refuses a rule its transport's own configuration lacks."""
+    d = make(pair(a, b))
+    elsewhere = {"name": "elsewhere", "url": b.url + "/v1"}
+    other = make({"routes": [{"name": "other", "targets": [elsewhere]}]})
+    plan = testing.FaultPlan().apply(d.transport, other.transport)
+    plan.inject(testing.status(503), target="primary", times=1)
+    plan.inject(testing.status(502), route="other", target="elsewhere", times=1)
+    assert d.get(a.url + "/v1/x").extensions["sidestep"]["target"] == "backup"
+    assert plan.injected == [testing.Injected("chat", "primary", "status_503")]
+    unknown = "none of the 2 sidestep transports the plan is under has a target 'ghost'"
+    with pytest.raises(sidestep.ConfigError, match=unknown):
+        plan.inject(testing.timeout(), target="ghost")
+    with pytest.raises(sidestep.ConfigError, match="a target 'elsewhere' in route 'chat'"):
+        plan.inject(testing.timeout(), route="chat", target="elsewhere")
+    assert len(plan.rules) == 2
+    unchecked = testing.FaultPlan().inject(testing.timeout(), target="primary")
+    with pytest.raises(sidestep.ConfigError, match="the configuration has no target 'primary'"):
+        unchecked.apply(d.transport, other.transport)
