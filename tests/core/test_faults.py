@@ -7,29 +7,13 @@ from typing import Any
 import httpx
 
 from sidestep._core.faults import Injector, injected, made_answer, mark
-from sidestep._core.routes import Router
-from sidestep._settings.config import Config
 from sidestep._settings.faults import FaultRule
 
-ROUTER = Router(
-    Config.model_validate(
-        {
-            "routes": [
-                {
-                    "name": "chat",
-                    "targets": [
-                        {"name": "primary", "url": "https://a.example/v1"},
-                        {"name": "backup", "url": "https://b.example/v1"},
-                    ],
-                },
-                {"name": "embed", "targets": [{"name": "primary", "url": "https://c.example"}]},
-            ]
-        }
-    )
-)
-PRIMARY = httpx.URL("https://a.example/v1/chat/completions")
-BACKUP = httpx.URL("https://b.example/v1/chat/completions")
-EMBED = httpx.URL("https://c.example/embeddings")
+# Where attempts go, as the loop names them (route, target); None: an unrouted request.
+PRIMARY = ("chat", "primary")
+BACKUP = ("chat", "backup")
+EMBED = ("embed", "primary")
+UNROUTED = None
 
 
 def rule(**settings: Any) -> FaultRule:
@@ -40,20 +24,22 @@ def never() -> float:
     raise AssertionError("no draw is taken for a rule without a rate")
 
 
-def picks(injector: Injector, url: httpx.URL, n: int, now: float = 0.0) -> list[str | None]:
-    found = [injector.pick(ROUTER, url, now, never) for _ in range(n)]
+def picks(
+    injector: Injector, where: tuple[str, str] | None, n: int, now: float = 0.0
+) -> list[str | None]:
+    found = [injector.pick(where, now, never) for _ in range(n)]
     return [None if f is None else f.rule.label for f in found]
 
 
 def test_a_rule_selects_its_target_and_route_only() -> None:
-    """A rule for `primary` fires on the primary's URL, not the backup's; one narrowed to route `embed` fires on that route's primary only; an unrouted URL never gets a fault."""
+    """A rule for `primary` fires on the primary's attempts, not the backup's; one narrowed to route `embed` fires on that route's primary only; an unrouted request never gets a fault."""
     injector = Injector()
     injector.add(rule(target="primary", route="embed", status=500), 0.0)
     injector.add(rule(target="primary"), 0.0)
     assert picks(injector, PRIMARY, 1) == ["status_503"]
     assert picks(injector, EMBED, 1) == ["status_500"]
     assert picks(injector, BACKUP, 1) == [None]
-    assert picks(injector, httpx.URL("https://elsewhere.example/v1"), 1) == [None]
+    assert picks(injector, UNROUTED, 1) == [None]
 
 
 def test_times_counts_the_faults_a_rule_injects() -> None:
@@ -78,7 +64,7 @@ def test_a_rate_draws_once_per_selected_attempt() -> None:
     injector = Injector()
     injector.add(rule(target="primary", rate=0.5), 0.0)
     injector.add(FaultRule.model_validate({"fault": "timeout", "target": "primary"}), 0.0)
-    found = [injector.pick(ROUTER, PRIMARY, 0.0, lambda: next(draws)) for _ in range(4)]
+    found = [injector.pick(PRIMARY, 0.0, lambda: next(draws)) for _ in range(4)]
     assert [f.rule.label if f else None for f in found] == [
         "status_503",
         "timeout",
@@ -93,8 +79,8 @@ def test_every_injection_is_an_event_and_is_kept_when_asked(
     """Each fault picked is told as `fault.injected` with its route, target and fault, and no URL; an injector made to keep its history lists it."""
     injector = Injector(keep=True)
     injector.add(rule(target="backup", status=429), 0.0)
-    injector.pick(ROUTER, PRIMARY, 0.0, never)
-    injector.pick(ROUTER, BACKUP, 0.0, never)
+    injector.pick(PRIMARY, 0.0, never)
+    injector.pick(BACKUP, 0.0, never)
     assert [e for e in events if e[0] == "fault.injected"] == [
         ("fault.injected", {"route": "chat", "target": "backup", "fault": "status_429"})
     ]
@@ -108,7 +94,7 @@ def test_made_up_answers() -> None:
     """A status fault answers its status with JSON and, when asked, Retry-After in seconds and milliseconds; a malformed body is JSON cut short; an error event is an SSE error every dialect reads."""
     injector = Injector()
     injector.add(rule(status=429, retry_after=1.5), 0.0)
-    picked = injector.pick(ROUTER, PRIMARY, 0.0, never)
+    picked = injector.pick(PRIMARY, 0.0, never)
     assert picked is not None
     status, headers, body = made_answer(picked)
     assert status == 429
@@ -120,7 +106,7 @@ def test_made_up_answers() -> None:
     ):
         other = Injector()
         other.add(FaultRule.model_validate({"fault": fault}), 0.0)
-        found = other.pick(ROUTER, PRIMARY, 0.0, never)
+        found = other.pick(PRIMARY, 0.0, never)
         assert found is not None
         status, _, body = made_answer(found)
         assert status == 200 and check(body), fault
@@ -130,7 +116,7 @@ def test_marks_tell_injected_results_from_others() -> None:
     """A marked response or exception gives back its injection; an unmarked one gives None."""
     injector = Injector()
     injector.add(rule(), 0.0)
-    picked = injector.pick(ROUTER, PRIMARY, 0.0, never)
+    picked = injector.pick(PRIMARY, 0.0, never)
     assert picked is not None
     response = httpx.Response(503)
     error = httpx.ConnectError("refused")

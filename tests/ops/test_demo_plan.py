@@ -89,3 +89,32 @@ def test_refusals(tmp_path: Path) -> None:
     assert done.returncode == 2 and "needs a status" in done.stderr
     done = demo("-c", str(plan))
     assert done.returncode == 2 and "goes with --plan" in done.stderr
+
+
+def test_a_configurations_chaos_section_is_left_out(tmp_path: Path) -> None:
+    """A -c file with a chaos: section plays without SIDESTEP_ALLOW_CHAOS (the demo runs without it in its environment), its chaos faults never injected nor even substituted (an unset ${VARIABLE} inside is no error), only the plan's; the demo says on stderr that the file's chaos section is not used, and --json's stdout stays the figures."""
+    config = tmp_path / "staging.yaml"
+    config.write_text(
+        textwrap.dedent("""\
+            routes:
+              - name: chat
+                targets:
+                  - {name: a, url: "https://a.invalid/v1"}
+                  - {name: b, url: "https://b.invalid/v1"}
+            chaos:
+              seed: 1
+              faults:
+                - {fault: status, status: 500, target: b}
+                - {fault: timeout, target: "${SIDESTEP_TEST_NEVER_SET}"}
+            """)
+    )
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("faults:\n  - {fault: connect_error, target: a, times: 1}\n")
+    done = demo("--json", "--plan", str(plan), "-c", str(config), "--concurrency", "1", *QUICK)
+    assert done.returncode == 0, done.stderr
+    assert f"{config}: its chaos: section is not used by the demo" in done.stderr
+    assert "SIDESTEP_ALLOW_CHAOS" not in done.stderr
+    result = json.loads(done.stdout)
+    assert result["faults_injected"] == {"a": 1}
+    assert (result["errors"], result["failovers"]) == (0, 1)
+    assert result["upstream_calls"] == {"a": 39, "b": 1}  # b, under chaos, would not be called

@@ -199,3 +199,101 @@ def test_the_plugin_is_an_entry_point_and_testing_needs_no_pytest() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
+
+
+ANOTHER = """
+import os
+
+import httpx
+import pytest
+
+import sidestep
+from sidestep import testing
+
+URL = os.environ["PRIMARY_URL"] + "/models"
+CONFIG = sidestep.load_config("sidestep.yaml")
+# a transport of another configuration, alive for the whole run, as a module-level client is
+ELSEWHERE = sidestep.FailoverTransport(
+    {"routes": [{"name": "other", "targets": [{"name": "elsewhere", "url": os.environ["BACKUP_URL"]}]}]}
+)
+
+
+@pytest.fixture
+def transport():
+    return sidestep.FailoverTransport(CONFIG)
+
+
+def served(transport):
+    with httpx.Client(transport=transport) as client:
+        return client.get(URL).extensions["sidestep"]["target"]
+
+
+def test_a_rule_for_this_tests_transport(transport, sidestep_faults):
+    sidestep_faults.inject(testing.timeout(), target="primary", times=3)
+    assert [served(transport) for _ in range(3)] == ["backup"] * 3
+    assert [f.target for f in sidestep_faults.injected] == ["primary"] * 3
+
+
+@pytest.mark.sidestep_down("primary")
+def test_a_marker_for_this_tests_transport(transport):
+    assert served(transport) == "backup"
+
+
+@pytest.mark.sidestep_down("primray")
+def test_a_misspelt_marker(transport):
+    raise AssertionError("the body ran")
+
+
+def test_a_rule_no_transport_has(transport, sidestep_faults):
+    with pytest.raises(sidestep.ConfigError, match="has a target 'ghost'"):
+        sidestep_faults.inject(testing.timeout(), target="ghost")
+"""
+
+GARBAGE = """
+import gc
+import os
+
+import httpx
+
+import sidestep
+from sidestep import testing
+
+URL = os.environ["PRIMARY_URL"] + "/models"
+OTHER = {"routes": [{"name": "other", "targets": [{"name": "elsewhere", "url": os.environ["BACKUP_URL"]}]}]}
+
+
+def test_an_earlier_test_leaves_another_configurations_transport_uncollected():
+    gc.disable()  # enabled again by the next test
+    cycle = [sidestep.FailoverTransport(OTHER)]
+    cycle.append(cycle)
+
+
+def test_a_rule_added_before_the_tests_transport_is_built(sidestep_faults):
+    try:
+        sidestep_faults.inject(testing.status(503), target="primary", times=1)
+        with httpx.Client(transport=sidestep.FailoverTransport(sidestep.load_config("sidestep.yaml"))) as client:
+            assert client.get(URL).extensions["sidestep"]["target"] == "backup"
+    finally:
+        gc.enable()
+"""
+
+
+def test_names_are_checked_against_the_transports_alive_not_each_of_them(
+    upstreams: tuple[str, str], tmp_path: Path
+) -> None:
+    """With a transport of another configuration alive all along, the fixture's plan takes a rule, and a marker, naming the test's own transport's target and injects it there; a marker naming a target no transport has errors its test before the body runs, the message naming the marker and the target; inject() refuses such a target too."""
+    env = suite(tmp_path, upstreams[0] + "/v1", upstreams[1] + "/v1", ANOTHER)
+    out = run_pytest("-q", "test_user.py", cwd=tmp_path, env=env, passes=False)
+    assert re.search(r"\b3 passed, 1 error\b", out), out
+    assert "ERROR at setup of test_a_misspelt_marker" in out
+    assert re.search(r"^@pytest.mark.sidestep_down\('primray'\): .* a target 'primray'$", out, re.M)
+    assert "the body ran" not in out
+
+
+def test_uncollected_transports_of_another_configuration_refuse_nothing(
+    upstreams: tuple[str, str], tmp_path: Path
+) -> None:
+    """A rule added before the test builds its transport is accepted even when an earlier test left a transport of another configuration uncollected (the garbage collector off): only transports still referenced count, and under none the names are not checked; the rule then injects into the transport the test builds."""
+    env = suite(tmp_path, upstreams[0] + "/v1", upstreams[1] + "/v1", GARBAGE)
+    out = run_pytest("-q", "test_user.py", cwd=tmp_path, env=env)
+    assert re.search(r"\b2 passed\b", out), out

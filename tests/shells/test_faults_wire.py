@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,3 +207,119 @@ def test_an_uncounted_probe_gives_its_slot_back(make: MakeDriver, a: Upstream, b
     assert a.calls == 1 and states(d)["primary"][0] == "half_open"
     assert d.get(a.url + "/v1/x").body == b"a"
     assert d.transport.suspensions() == []
+
+
+def test_a_fault_reaches_the_target_it_names_where_targets_share_a_url(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Two keys to one API share a URL, and a later route reuses the other route's URL:
+    a rule for one key fails that key's attempts only (the other key answers), and a rule
+    for the later route's target fires on that route's attempts. The inner transport
+    never sees the attempt's name."""
+    seen: list[Any] = []
+    a.behaviour = lambda s: (seen.append(s), Respond(body="a"))[1]
+    config = {
+        "breaker": {"failure_threshold": 5, "cooldown": 30},
+        "routes": [
+            {"name": "embed", "targets": [{"name": "main", "url": b.url + "/v1"}]},
+            {
+                "name": "chat",
+                "match": [a.url + "/chat"],
+                "targets": [
+                    {"name": "key1", "url": a.url + "/v1", "headers": {"authorization": "k1"}},
+                    {"name": "key2", "url": a.url + "/v1", "headers": {"authorization": "k2"}},
+                    {"name": "backup", "url": b.url + "/v1"},
+                ],
+            },
+        ],
+    }
+    d = make(config)
+    plan = testing.FaultPlan().inject(testing.status(503), target="key1", route="chat")
+    plan.inject(testing.status(503), target="backup", route="chat")
+    plan.apply(d.transport)
+    result = d.get(a.url + "/chat/x")
+    assert result.status == 200 and result.text == "a"
+    assert result.extensions["sidestep"]["target"] == "key2"
+    assert [s.headers.get("authorization") for s in seen] == ["k2"]
+    assert [(i.route, i.target) for i in plan.injected] == [("chat", "key1")]
+    a.behaviour = lambda s: Respond(503)
+    d.get(a.url + "/chat/x")  # key1 injected, key2 really down, backup injected
+    assert [(i.route, i.target) for i in plan.injected][1:] == [
+        ("chat", "key1"),
+        ("chat", "backup"),
+    ]
+    assert b.calls == 0
+
+
+def test_an_injected_delay_ends_at_the_attempts_read_timeout(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """An injected timeout's delay is cut at the attempt's read timeout, as a silent
+    upstream's would be: the request fails over long before the rule's 30 s."""
+    b.behaviour = lambda s: Respond(body="b")
+    d = make(pair(a, b), timeout=0.5)
+    testing.FaultPlan().inject(testing.timeout(delay=30), target="primary").apply(d.transport)
+    started = time.monotonic()
+    result = d.get(a.url + "/v1/x")
+    assert result.text == "b"
+    assert time.monotonic() - started < 20  # (30 s if the delay ran whole)
+
+
+@pytest.mark.parametrize("flavour", ["httpx", "httpx2"])
+def test_a_stream_is_cut_even_when_the_inner_transport_read_it_already(flavour: str) -> None:
+    """Over an inner transport that hands its answer already read (MockTransport), a
+    cut_stream after 4 bytes still cuts the body the caller reads."""
+    http: Any = httpx2 if flavour == "httpx2" else httpx
+    module: Any = sidestep.httpx2 if flavour == "httpx2" else sidestep
+    inner = http.MockTransport(lambda r: http.Response(200, content=b"0123456789"))
+    config = route(("primary", "http://a.example/v1"), ("backup", "http://b.example/v1"))
+    transport = module.FailoverTransport(config, transport=inner)
+    plan = testing.FaultPlan().inject(testing.cut_stream(after_bytes=4), target="primary")
+    plan.apply(transport)
+    with http.Client(transport=transport) as client, pytest.raises(http.RemoteProtocolError):
+        client.get("http://a.example/v1/x").read()
+    assert len(plan.injected) == 1
+
+
+def test_a_plan_is_not_under_a_client_after_uninstall(a: Upstream, b: Upstream) -> None:
+    """A client install() wrapped, with a plan applied to it, sends straight to the
+    upstream once sidestep is uninstalled: no fault and no failover."""
+    a.behaviour = lambda s: Respond(body="a")
+    config = sidestep.Config.model_validate(pair(a, b, breaker={"failure_threshold": 5}))
+    sidestep.install(config)
+    try:
+        client = httpx.Client()
+        plan = testing.FaultPlan().inject(testing.status(503), target="primary").apply(client)
+        assert client.get(a.url + "/v1/x").text == "b"
+    finally:
+        sidestep.uninstall()
+    try:
+        response = client.get(a.url + "/v1/x")
+        assert response.status_code == 200 and response.text == "a"
+        assert "sidestep" not in response.extensions
+        assert len(plan.injected) == 1
+    finally:
+        client.close()
+
+
+def test_a_rules_names_need_one_transport_the_plan_is_under(
+    make: MakeDriver, a: Upstream, b: Upstream
+) -> None:
+    """Under two transports of different configurations, a rule is accepted when one of them has its route and target, and injects there; a target neither has, or a target outside the route named, is refused naming it; a plan under no transport yet takes any name, and apply() refuses a rule its transport's own configuration lacks."""
+    d = make(pair(a, b))
+    elsewhere = {"name": "elsewhere", "url": b.url + "/v1"}
+    other = make({"routes": [{"name": "other", "targets": [elsewhere]}]})
+    plan = testing.FaultPlan().apply(d.transport, other.transport)
+    plan.inject(testing.status(503), target="primary", times=1)
+    plan.inject(testing.status(502), route="other", target="elsewhere", times=1)
+    assert d.get(a.url + "/v1/x").extensions["sidestep"]["target"] == "backup"
+    assert plan.injected == [testing.Injected("chat", "primary", "status_503")]
+    unknown = "none of the 2 sidestep transports the plan is under has a target 'ghost'"
+    with pytest.raises(sidestep.ConfigError, match=unknown):
+        plan.inject(testing.timeout(), target="ghost")
+    with pytest.raises(sidestep.ConfigError, match="a target 'elsewhere' in route 'chat'"):
+        plan.inject(testing.timeout(), route="chat", target="elsewhere")
+    assert len(plan.rules) == 2
+    unchecked = testing.FaultPlan().inject(testing.timeout(), target="primary")
+    with pytest.raises(sidestep.ConfigError, match="the configuration has no target 'primary'"):
+        unchecked.apply(d.transport, other.transport)

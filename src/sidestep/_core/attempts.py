@@ -19,7 +19,7 @@ from .._answers.encodings import decoded_head
 from .._state.protocol import Ticket
 from .commit import Committing
 from .effects import Close, Read, Send, Sleep
-from .faults import injected
+from .faults import ATTEMPT, injected
 from .rebuild import with_extensions
 from .routes import CompiledTarget
 from .run import SUCCESS, Outcome, Run
@@ -123,6 +123,12 @@ class Attempting(Committing):
             caller_read = (request.extensions.get("timeout") or {}).get("read")
             extensions = dict(request.extensions)
             extensions["timeout"] = self._timeouts(request, run, limit, now)
+            request = with_extensions(request, extensions)
+        if self.injecting and run.route_name is not None:
+            # the route and target this attempt goes to, for the fault plan's layer (which
+            # takes it off before the request goes on): a URL may be several targets'
+            extensions = dict(request.extensions)
+            extensions[ATTEMPT] = (run.route_name, target.name)
             request = with_extensions(request, extensions)
         fb_deadline = deadline
         if limit is not None:

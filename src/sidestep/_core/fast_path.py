@@ -83,7 +83,7 @@ class FastPath(Candidacy, Endings, Spreading, Verdicts):
             cands = self._match(key, url)
         if cands.variants is not None:  # a pooled route: this request's own order
             cands = self._spread(cands, request)
-        if self._blocking or not self._fast_path or listening():
+        if self._blocking or not self._fast_path or self.injecting or listening():
             # Every admission is an effect, or someone listens for the request's
             # own events, which start before any admission.
             run = self._start(request, cands)

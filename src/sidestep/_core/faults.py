@@ -2,8 +2,9 @@
 
 An `Injector` holds a plan's rules (`_settings.faults.FaultRule`) in order,
 with what each has spent, and picks the first that applies to an attempt
-(`pick`): its route and target found from the URL the attempt goes to, the
-time and the random draw handed in. The shell under the transport
+(`pick`): its route and target as the loop sent it (`ATTEMPT`, an extension
+of the attempt's request that the layer takes off: a URL may be several
+targets'), the time and the random draw handed in. The shell under the transport
 (`_shells.faults`) performs what was picked, and marks what it made
 (`mark`), so the loop can tell an injected result from the upstream's own
 (`injected`): one the plan does not count is recorded against no circuit.
@@ -18,12 +19,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._common.scopes import origin_key
 from .._settings.faults import FaultRule
 from ..logging import emit
-from .routes import Router
 
-__all__ = ["FAULT_KEY", "Injection", "Injector", "injected", "made_answer", "mark"]
+__all__ = ["ATTEMPT", "FAULT_KEY", "Injection", "Injector", "injected", "made_answer", "mark"]
+
+ATTEMPT = "sidestep.attempt"
+"""The extension of an attempt's request that names its (route, target), set only while
+a fault plan is under the transport; the plan's layer takes it off before sending."""
 
 FAULT_KEY = "sidestep.fault"
 """Where an injected result carries its `Injection`: a response's extensions key, and
@@ -90,16 +93,16 @@ class Injector:
             return tuple(entry[0] for entry in self._rules)
 
     def pick(
-        self, router: Router, url: Any, now: float, draw: Callable[[], float]
+        self, where: tuple[str, str] | None, now: float, draw: Callable[[], float]
     ) -> Injection | None:
-        """The fault for an attempt to `url` under `router`'s routes at `now`, or None.
+        """The fault for an attempt on `where` (its route and target, as the loop sent it;
+        None: unrouted) at `now`, or None.
 
         The first rule that selects the attempt's route and target, is within
         its `for` window and has `times` left, and whose `rate` the draw falls
         under, fires (a draw is taken only for a rule with a rate). Told as a
         ``fault.injected`` event.
         """
-        where = _route_target(router, url)
         if where is None:
             return None  # unrouted: no plan applies
         route, target = where
@@ -125,22 +128,6 @@ class Injector:
         if chosen is not None:
             emit("fault.injected", route=route, target=target, fault=chosen.rule.label)
         return chosen
-
-
-def _route_target(router: Router, url: Any) -> tuple[str, str] | None:
-    """The route and target an attempt to `url` goes to (a target's URL, as the loop
-    rebuilt the request for it); None for a URL of no route."""
-    if not router.routes:
-        return None
-    try:
-        origin = origin_key(url.scheme, url.host, url.port)
-        path = url.raw_path.decode("ascii").partition("?")[0] or "/"
-    except (AttributeError, UnicodeDecodeError):
-        return None
-    cands = router.match(origin, path)
-    if cands is None or cands.route is None:
-        return None
-    return cands.route.name, cands.targets[0].name
 
 
 def mark(result: Any, injection: Injection) -> Any:

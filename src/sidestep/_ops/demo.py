@@ -125,13 +125,19 @@ def _play(args: argparse.Namespace) -> int:
         print("sidestep demo: counts, rate and timeout must be positive", file=sys.stderr)
         return 2
     try:
-        config, plan = load(settings)
+        loaded = load(settings)
     except ConfigError as exc:
         print(f"sidestep demo: {exc}", file=sys.stderr)
         return 2
+    if loaded.chaos_left_out:  # on stderr: --json keeps stdout to the figures
+        print(
+            f"sidestep demo: {settings.config}: its chaos: section is not used by the demo "
+            "(only the plan's faults are injected)",
+            file=sys.stderr,
+        )
     view = View(sys.stdout, quiet=args.json)
     summary = _plan_summary if not args.json else None
-    return _shown(view, lambda: play(settings, config, plan, view), summary)
+    return _shown(view, lambda: play(settings, loaded.config, loaded.plan, view), summary)
 
 
 def _plan_summary(result: dict[str, Any]) -> None:

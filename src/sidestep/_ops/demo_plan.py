@@ -7,7 +7,8 @@ upstreams, and a paced load goes through the routes. The circuits, failovers
 and faults are shown as they happen, with a summary at the end: the user
 watches their own breaker and failover settings handle the outage the plan
 describes. Nothing leaves the machine: the configuration's store, chaos and
-metrics settings are left out.
+metrics settings are left out (its ``chaos:`` section before the file is
+validated, so it needs no ``SIDESTEP_ALLOW_CHAOS`` and injects nothing).
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ import httpx
 from .. import logging as events
 from .._common.errors import ConfigError
 from .._core.faults import Injector
-from .._settings.config import Config, as_config, load_config, load_plan, unknown_names
+from .._settings.config import (
+    Config,
+    as_config,
+    load_config_without_chaos,
+    load_plan,
+    unknown_names,
+)
 from .._settings.faults import FaultPlanFile
 from .._settings.observability import Observability
 from .._settings.stores import StoreSettings
@@ -35,7 +42,7 @@ from .demo_run import run_phase
 from .demo_upstream import LocalUpstream, Mode
 from .demo_view import View
 
-__all__ = ["PlanSettings", "demo_config", "load", "local_config", "play"]
+__all__ = ["Loaded", "PlanSettings", "demo_config", "load", "local_config", "play"]
 
 _PATH = "/demo"  # what each request asks for, under its route's first target
 _HEALTHY_DELAY = 0.002  # seconds an upstream takes to answer, as a real one would
@@ -60,6 +67,16 @@ class PlanSettings:
     concurrency: int
     rate: float
     timeout: float
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """What the demo plays: the configuration (its ``chaos:`` left out), the plan, and
+    whether the configuration file had a ``chaos:`` section (which the demo does not use)."""
+
+    config: Config
+    plan: FaultPlanFile
+    chaos_left_out: bool = False
 
 
 def demo_config() -> Config:
@@ -87,14 +104,19 @@ def local_config(config: Config, upstreams: Mapping[tuple[str, str], LocalUpstre
     return config.model_copy(update=update)
 
 
-def load(settings: PlanSettings) -> tuple[Config, FaultPlanFile]:
-    """The configuration and the plan, the plan's names checked against its routes.
+def load(settings: PlanSettings) -> Loaded:
+    """The configuration and the plan, the plan's names checked against its routes. The
+    configuration file's ``chaos:`` section is left out before it is validated: the demo
+    injects the plan's faults only, and needs no ``SIDESTEP_ALLOW_CHAOS``.
 
     Raises:
         ConfigError: either file is unreadable or invalid, or the plan names a route
             or target the configuration does not have.
     """
-    config = load_config(settings.config) if settings.config else demo_config()
+    if settings.config:
+        config, chaos_left_out = load_config_without_chaos(settings.config)
+    else:
+        config, chaos_left_out = demo_config(), False
     if not config.routes:
         raise _config_error(settings.config or "the demo", "the configuration has no routes")
     plan = load_plan(settings.plan)
@@ -102,7 +124,7 @@ def load(settings: PlanSettings) -> tuple[Config, FaultPlanFile]:
         unknown_names(plan, config.routes, "faults")
     except ValueError as exc:
         raise _config_error(settings.plan, str(exc)) from None
-    return config, plan
+    return Loaded(config, plan, chaos_left_out)
 
 
 def _config_error(source: str, reason: str) -> Exception:

@@ -31,7 +31,14 @@ from .stores import StoreSettings
 from .values import Model, refuse_duplicates
 from .yaml_document import _interpolate, _parse_yaml, _UnresolvedReference, read_document
 
-__all__ = ["Config", "as_config", "load_config", "load_plan", "unknown_names"]
+__all__ = [
+    "Config",
+    "as_config",
+    "load_config",
+    "load_config_without_chaos",
+    "load_plan",
+    "unknown_names",
+]
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -139,6 +146,20 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     return _validate(_read(source), source)
 
 
+def load_config_without_chaos(path: str | os.PathLike[str]) -> tuple[Config, bool]:
+    """Read a configuration file as `load_config` does, its ``chaos:`` section left out
+    before anything else is done with it (so it is neither substituted nor validated, nor
+    refused without ``SIDESTEP_ALLOW_CHAOS=1``); the `Config`, and whether the file had one.
+
+    Raises:
+        ConfigError: as `load_config`, for every other key.
+    """
+    source = os.fspath(path)
+    data = _parsed(source)
+    had_chaos = data.pop("chaos", None) is not None
+    return _validate(_interpolated(data, source), source), had_chaos
+
+
 def load_plan(path: str | os.PathLike[str]) -> FaultPlanFile:
     """Read a fault plan file (``seed:`` and ``faults:``, as the ``chaos:`` section) the
     way `load_config` reads a configuration.
@@ -152,6 +173,11 @@ def load_plan(path: str | os.PathLike[str]) -> FaultPlanFile:
 
 def _read(source: str) -> dict[str, Any]:
     """The document at `source`, parsed and interpolated: a mapping of settings."""
+    return _interpolated(_parsed(source), source)
+
+
+def _parsed(source: str) -> dict[str, Any]:
+    """The document at `source`, parsed, its references not substituted yet."""
     data = _parse_yaml(read_document(source), source)
     if data is None:  # an empty file, or only comments: every default
         data = {}
@@ -159,6 +185,11 @@ def _read(source: str) -> dict[str, Any]:
         raise ConfigError(
             f"{source}: the top level must be a mapping of settings, not {type(data).__name__}"
         )
+    return data
+
+
+def _interpolated(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """`data` with its ``${NAME}`` references substituted from the environment."""
     try:
         interpolated: dict[str, Any] = _interpolate(data, (), os.environ)
     except _UnresolvedReference as exc:

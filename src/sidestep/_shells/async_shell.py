@@ -37,7 +37,7 @@ class AsyncShell(Shell):
     async def handle_async_request(self, request: Any) -> Any:
         sending = SENDING.get()
         if not self.active or (sending is not None and self._sent_further_out(request, sending)):
-            return await self._inner.handle_async_request(request)
+            return await self.inner.handle_async_request(request)  # (under no fault plan)
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision

@@ -27,9 +27,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._core.effects import Clock
-from .._core.faults import Injection, Injector, made_answer, mark
+from .._core.faults import ATTEMPT, Injection, Injector, made_answer, mark
 from .._core.flavour import Flavour
-from .._core.routes import Router
 
 if TYPE_CHECKING:
     from .shell import Shell
@@ -48,20 +47,18 @@ _STALLED = "sidestep injected a fault: the upstream's stream stalled"
 class FaultyTransport:
     """The inner transport of a shell under a fault plan: each attempt as the plan says."""
 
-    __slots__ = ("_clock", "_draw", "_flavour", "_router", "injector", "inner")
+    __slots__ = ("_clock", "_draw", "_flavour", "injector", "inner")
 
     def __init__(
         self,
         inner: Any,
         injector: Injector,
-        router: Router,
         flavour: Flavour,
         clock: Clock,
         draw: Callable[[], float],
     ) -> None:
         self.inner = inner
         self.injector = injector
-        self._router = router
         self._flavour = flavour
         self._clock = clock
         self._draw = draw
@@ -70,7 +67,10 @@ class FaultyTransport:
         return f"FaultyTransport({self.inner!r})"
 
     def _pick(self, request: Any) -> Injection | None:
-        return self.injector.pick(self._router, request.url, self._clock(), self._draw)
+        """The fault for `request` (its `ATTEMPT` taken off: the inner transport sees the
+        request's extensions as they would be with no plan)."""
+        where = request.extensions.pop(ATTEMPT, None)  # (the attempt's own copy: `_exchange`)
+        return self.injector.pick(where, self._clock(), self._draw)
 
     def handle_request(self, request: Any) -> Any:
         injection = self._pick(request)
@@ -79,7 +79,7 @@ class FaultyTransport:
         if injection.sends:
             return self._spoiled(self.inner.handle_request(request), request, injection)
         if injection.rule.delay:
-            time.sleep(injection.rule.delay)
+            time.sleep(_delay(injection, request))
         return self._made(request, injection)
 
     async def handle_async_request(self, request: Any) -> Any:
@@ -90,7 +90,7 @@ class FaultyTransport:
             response = await self.inner.handle_async_request(request)
             return self._spoiled(response, request, injection)
         if injection.rule.delay:
-            await anyio.sleep(injection.rule.delay)
+            await anyio.sleep(_delay(injection, request))
         return self._made(request, injection)
 
     def _made(self, request: Any, injection: Injection) -> Any:
@@ -107,10 +107,23 @@ class FaultyTransport:
         return mark(response, injection)
 
     def _spoiled(self, response: Any, request: Any, injection: Injection) -> Any:
-        """The upstream's `response`, its body cut or stalled as `injection` says."""
+        """The upstream's `response`, its body cut or stalled as `injection` says (one read
+        already, as an inner transport may hand it, comes again as a stream to cut)."""
         stream = _stream_class(self._flavour)
-        response.stream = stream(response.stream, b"", injection, request, self._flavour)
-        return mark(response, injection)
+        try:
+            content = response._content
+        except AttributeError:
+            response.stream = stream(response.stream, b"", injection, request, self._flavour)
+            return mark(response, injection)
+        spoiled = stream(self._flavour.ByteStream(content), b"", injection, request, self._flavour)
+        made = self._flavour.module.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=spoiled,
+            request=request,
+            extensions=response.extensions,
+        )
+        return mark(made, injection)
 
     # Lifecycle calls go to the inner transport, once each, as with no plan between.
     def close(self) -> None:
@@ -224,6 +237,14 @@ class _FaultStream:
 
 
 @functools.cache
+def _delay(injection: Injection, request: Any) -> float:
+    """How long an injected fault waits before it is raised or answered: its rule's delay,
+    no longer than the attempt's read timeout (which a silent upstream would meet first)."""
+    delay = float(injection.rule.delay or 0.0)
+    read = (request.extensions.get("timeout") or {}).get("read")
+    return delay if read is None else max(0.0, min(delay, read))
+
+
 def _stream_class(flavour: Flavour) -> Callable[..., _FaultStream]:
     """`_FaultStream` as a byte stream of `flavour`, sync and async (and no `ByteStream`:
     the core reads it as a body still to come)."""
@@ -238,7 +259,7 @@ def put_under(
 ) -> FaultyTransport:
     """Put `injector`'s layer between `shell` and its inner transport."""
     core = shell._core
-    faulty = FaultyTransport(shell._inner, injector, core.router, shell._flavour, clock, draw)
+    faulty = FaultyTransport(shell._inner, injector, shell._flavour, clock, draw)
     shell._inner = faulty
     core.injecting = True
     return faulty

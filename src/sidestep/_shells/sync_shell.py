@@ -28,7 +28,7 @@ class SyncShell(Shell):
     def handle_request(self, request: Any) -> Any:
         sending = SENDING.get()
         if not self.active or (sending is not None and self._sent_further_out(request, sending)):
-            return self._inner.handle_request(request)
+            return self.inner.handle_request(request)  # (under no fault plan)
         core = self._core
         ready = core.decide(request)
         if isinstance(ready, Run):  # not ready: the general path goes on from the decision

@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
@@ -217,8 +218,13 @@ class FaultPlan:
         it counts against the target's circuit (left out: in a store of this process, yes).
         Returns the plan, so rules can be chained.
 
+        A rule's `route` and `target` need only be known to one of the transports the
+        plan is under (after `everywhere`, one of those alive); they are not checked while
+        the plan is under none.
+
         Raises:
-            ConfigError: an invalid setting (the message names it).
+            ConfigError: an invalid setting (the message names it), or a route or target
+                that none of the transports the plan is under has.
         """
         given = {
             "target": target,
@@ -236,10 +242,15 @@ class FaultPlan:
         return self.add(_rule(document))
 
     def add(self, rule: FaultRule) -> FaultPlan:
-        """Add a rule made already (from a file, or `FaultRule.model_validate`)."""
-        with self._lock:
-            for shell in self._shells:
-                _check_names(rule, shell)
+        """Add a rule made already (from a file, or `FaultRule.model_validate`).
+
+        Raises:
+            ConfigError: the rule names a route or target that none of the transports the
+                plan is under has (under none yet, nothing is checked).
+        """
+        unknown = self._unknown(rule)
+        if unknown is not None:
+            raise ConfigError(f"fault plan rule: {unknown}")
         self._injector.add(rule, self._clock())
         return self
 
@@ -253,7 +264,8 @@ class FaultPlan:
 
         Raises:
             TypeError: one of them has no sidestep transport.
-            ConfigError: a rule names a route or target its configuration does not have.
+            ConfigError: a rule names a route or target that the configuration of one of
+                `transports` does not have (each is checked on its own).
         """
         shells = _shells_of(transports)
         for shell in shells:
@@ -265,7 +277,9 @@ class FaultPlan:
 
     def everywhere(self) -> FaultPlan:
         """Put the plan under every sidestep transport `tracked` now, and every one built
-        until it is removed (`install()`'s clients and `sidestep run`'s included)."""
+        until it is removed (`install()`'s clients and `sidestep run`'s included). A rule
+        added from then on needs its route and target known to one of those alive when it
+        is added; the rules the plan has already are not checked again."""
         track()
         with self._lock:
             if self._on_built not in _layer.BUILT:
@@ -300,6 +314,24 @@ class FaultPlan:
     ) -> None:
         self.remove()
 
+    def _unknown(self, rule: FaultRule) -> str | None:
+        """Why no transport the plan is under knows `rule`'s route or target; None when one
+        of them does, or when the plan is under none (its names cannot be checked yet).
+        Transports no longer referenced but not collected yet do not count: a rule is
+        never refused for the configuration of an earlier test's garbage."""
+        with self._lock:
+            known = not self._shells or any(_knows(shell, rule) for shell in self._shells)
+        if known:
+            return None
+        gc.collect()  # a refusal must not depend on when garbage was last collected
+        with self._lock:
+            shells = list(self._shells)
+        if not shells:
+            return None
+        if len(shells) == 1:
+            return _problem(shells[0], rule)
+        return f"none of the {len(shells)} sidestep transports the plan is under has {_named(rule)}"
+
     def _on_built(self, shell: Shell) -> None:
         self._put(shell)
 
@@ -324,10 +356,30 @@ def _rule(document: dict[str, Any]) -> FaultRule:
 
 
 def _check_names(rule: FaultRule, shell: Shell) -> None:
+    problem = _problem(shell, rule)
+    if problem is not None:
+        raise ConfigError(f"fault plan rule: {problem}")
+
+
+def _problem(shell: Shell, rule: FaultRule) -> str | None:
+    """Why `shell`'s configuration does not have `rule`'s route or target; None if it does."""
     try:
-        unknown_names(FaultPlanFile(faults=[rule]), shell.config.routes, "fault plan rule")
+        unknown_names(FaultPlanFile(faults=[rule]), shell.config.routes, "rule")
     except ValueError as exc:
-        raise ConfigError(str(exc).replace("rule[0]", "rule")) from None
+        return str(exc).removeprefix("rule[0]: ")
+    return None
+
+
+def _knows(shell: Shell, rule: FaultRule) -> bool:
+    return _problem(shell, rule) is None
+
+
+def _named(rule: FaultRule) -> str:
+    """The route or target a rule names, as a refusal says it: ``a target 'x' in route 'y'``."""
+    if rule.target is None:
+        return f"a route {rule.route!r}"
+    within = f" in route {rule.route!r}" if rule.route is not None else ""
+    return f"a target {rule.target!r}{within}"
 
 
 def _shells_of(transports: tuple[Any, ...]) -> list[Shell]:
