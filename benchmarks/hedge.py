@@ -1,23 +1,25 @@
 """Scenario, hedge: hedged requests against a heavy tail of time to first token.
 
 Two local fake providers answer an OpenAI chat stream: the headers at once, the
-first token after a delay drawn (seeded) from a heavy-tailed distribution —
-95% between 200 and 400 ms, 5% at 8 s — as LLM providers' queues and cold
-replicas make it. The requests go, in one run and interleaved (one to each route in turn, so
-a busy machine slows them alike), through three routes over the two
-providers:
+first token after a delay drawn (seeded) from a heavy-tailed distribution, as LLM
+providers' queues and cold replicas make it: 95% of answers take 250 ms of work
+plus a queueing wait drawn from an exponential distribution (mean 40 ms, cut at
+200 ms), so 250 to 450 ms, median 278 ms; 5% take 8 s. The requests go, in one
+run and interleaved (one to each route in turn, so a busy machine slows them
+alike), through three routes over the two providers:
 
 - *ranked*: no hedge, the first provider's time to first token as it comes;
-- *hedged, fixed*: a hedge after 450 ms with no first token (above the fast
-  mode: only the slow requests are hedged);
-- *hedged, adaptive*: a hedge after the first provider's recent 95th
-  percentile time to first token (a fixed 450 ms until twenty are known).
+- *hedged, fixed*: a hedge after 450 ms with no first token (the fast
+  answers' longest: only the slow requests are hedged);
+- *hedged, adaptive*: a hedge after the first provider's recent 99th
+  percentile time to first token (above the 5% that are slow), at most
+  450 ms, and 450 ms until twenty are known.
 
 Both hedged routes have the default budget (5% of requests). The caller's
 time to first token (request to the first chunk in its hands) is measured,
 its p50, p95, p99 and p99.9 reported, and the extra requests the providers
-received. Times are scaled (``SCALE``) to keep the run under half a minute;
-the ratios do not depend on the scale.
+received. Times are as above (``--quick`` scales them by 0.1): on a busy
+machine a few milliseconds of scheduling move no answer across the delay.
 
 The targets: the hedged route's p99 within 2x its p95, for at most 5% extra
 requests, and its p50 within 10% of the ranked route's.
@@ -38,11 +40,12 @@ import sidestep
 from _bench import Row
 
 SCENARIO = "hedge"
-FAST = (0.2, 0.4)  # seconds: the fast mode's spread
+WORK = 0.25  # seconds: a fast answer's work
+QUEUE = (0.04, 0.2)  # seconds: its queueing wait, exponential: mean, and where it is cut
 SLOW = 8.0  # seconds: the tail
 SLOW_SHARE = 0.05
-DELAY = 0.45  # seconds: the fixed hedge delay, above the fast mode
-SCALE = 0.25  # every time above, scaled for the run (0.05 for a quick one)
+DELAY = 0.45  # seconds: the fixed hedge delay, the fast answers' longest
+ADAPTIVE = 0.99  # the adaptive delay's percentile, above the slow share
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
@@ -61,7 +64,8 @@ class Provider:
     def draw(self) -> float:
         if self.random.random() < SLOW_SHARE:
             return SLOW * self.scale
-        return self.random.uniform(*FAST) * self.scale
+        wait = min(self.random.expovariate(1 / QUEUE[0]), QUEUE[1])
+        return (WORK + wait) * self.scale
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0, backlog=1024)
@@ -143,15 +147,15 @@ async def _measure(
 
 
 async def _run(quick: bool) -> list[Row]:
-    scale = 0.05 if quick else SCALE
-    requests, concurrency = (100, 30) if quick else (1000, 30)
+    scale = 0.1 if quick else 1.0
+    requests, concurrency = (100, 30) if quick else (1000, 60)
     one, two = Provider("one", scale), Provider("two", scale)
     await one.start()
     await two.start()
     routes = {
         "ranked": None,
         "hedged, fixed": {"delay": DELAY * scale},
-        "hedged, adaptive": {"adaptive": 0.95, "delay": DELAY * scale},
+        "hedged, adaptive": {"adaptive": ADAPTIVE, "delay": DELAY * scale},
     }
     rows: list[Row] = []
     found: dict[str, dict[str, float]] = {}

@@ -19,6 +19,7 @@ import pytest
 
 import sidestep
 from drivers import Driver, MakeDriver, route
+from sidestep import testing
 from sidestep._settings.values import SidestepConfigWarning
 from sidestep._state.memory import MemoryStore
 from upstream import IN_TIME, Hang, Respond, Stream, Upstream, wait_for
@@ -169,8 +170,9 @@ def test_when_both_fail_the_request_goes_on_to_the_next_candidate(
 def test_the_budget_bounds_the_hedges(
     make: MakeDriver, kind: str, a: Upstream, b: Upstream
 ) -> None:
-    """With a budget of half the requests, the first slow request is not hedged and the
-    second is: each request adds half a hedge to the route's bucket."""
+    """With a budget of half the requests and a bucket of one, the first slow request is
+    hedged (the bucket starts full), the second is not (it holds half a hedge), the third
+    is: each request adds half a hedge to the route's bucket."""
     gates: list[threading.Event] = []
 
     def held(seen: Any) -> Respond:
@@ -178,19 +180,23 @@ def test_the_budget_bounds_the_hedges(
         return Respond(body=b"late", gate=gates[-1])
 
     a.behaviour = held
-    d = build(make, hedged(a, b, budget=0.5), kind)
+    d = build(make, hedged(a, b, budget=0.5, burst=1), kind)
     try:
-        threading.Thread(
-            target=lambda: (wait_for(lambda: len(gates) == 1), gates[0].set()), daemon=True
-        ).start()
         first = d.get(a.url + "/v1/x")
-        assert first.text == "late"  # not hedged: it waited for its answer
-        assert "hedged" not in first.extensions["sidestep"]
-        assert b.calls == 0
-        second = d.get(a.url + "/v1/x")
-        assert second.text == "b"
-        assert second.extensions["sidestep"]["hedged"] is True
+        assert first.text == "b"
+        assert first.extensions["sidestep"]["hedged"] is True
         assert b.calls == 1
+        threading.Thread(
+            target=lambda: (wait_for(lambda: len(gates) == 2), gates[1].set()), daemon=True
+        ).start()
+        second = d.get(a.url + "/v1/x")
+        assert second.text == "late"  # not hedged: it waited for its answer
+        assert "hedged" not in second.extensions["sidestep"]
+        assert b.calls == 1
+        third = d.get(a.url + "/v1/x")
+        assert third.text == "b"
+        assert third.extensions["sidestep"]["hedged"] is True
+        assert b.calls == 2
     finally:
         for event in gates:
             event.set()
@@ -299,24 +305,25 @@ def test_a_hedge_the_budget_refuses_is_told(
     b: Upstream,
     events: list[tuple[str, dict[str, Any]]],
 ) -> None:
-    """A request whose delay ran out with no hedge in the budget is told as refused_budget, and
-    no hedge is sent."""
+    """A request whose delay ran out with no hedge left in the budget (the bucket's one spent
+    by the request before) is told as refused_budget, and no hedge is sent."""
     gate = threading.Event()
     a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
-    d = build(make, hedged(a, b, budget=0.5), kind)
+    d = build(make, hedged(a, b, budget=0.5, burst=1), kind)
 
     def release() -> None:
-        wait_for(lambda: any(e == "hedge.finished" for e, _ in list(events)))
+        wait_for(lambda: any(f.get("outcome") == "refused_budget" for _, f in list(events)))
         gate.set()
 
-    threading.Thread(target=release, daemon=True).start()
     try:
+        assert d.get(a.url + "/v1/x").text == "b"
+        threading.Thread(target=release, daemon=True).start()
         assert d.get(a.url + "/v1/x").text == "late"
     finally:
         gate.set()
     told = [fields for event, fields in events if event == "hedge.finished"]
-    assert [(f["outcome"], f["hedge"]) for f in told] == [("refused_budget", None)]
-    assert b.calls == 0
+    assert [(f["outcome"], f["hedge"]) for f in told] == [("won", "b"), ("refused_budget", None)]
+    assert b.calls == 1
 
 
 def test_no_hedge_goes_to_a_pool_member_without_rate_limit_room(
@@ -433,3 +440,22 @@ def test_the_hedge_skips_a_suspended_candidate_for_the_next(
     assert got.extensions["sidestep"]["target"] == "c"
     assert got.extensions["sidestep"]["hedged"] is True
     assert b.calls == 1
+
+
+def test_a_fault_plans_slow_first_target_is_hedged(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A fault plan's delay on the first target (an injected timeout after 1 s) is what a
+    hedge is for: the hedge to the second target answers, nothing reached the first, and
+    the plan saw its rule applied to the first target only."""
+    d = build(make, hedged(a, b), kind)
+    rule = testing.timeout(delay=1.0)
+    plan = testing.FaultPlan().inject(rule, target="a").apply(d.transport)
+    try:
+        got = d.get(a.url + "/v1/x")
+    finally:
+        plan.remove()
+    assert got.text == "b"
+    assert got.extensions["sidestep"]["hedged"] is True
+    assert (a.calls, b.calls) == (0, 1)
+    assert [(i.route, i.target) for i in plan.injected] == [("chat", "a")]

@@ -71,9 +71,11 @@ def test_requests_with_nowhere_to_go_twice_are_not_hedged(
 # --- the budget -----------------------------------------------------------------------------
 
 
-def test_the_bucket_starts_empty_and_pays_after_one_over_ratio_requests() -> None:
-    """With a 5% budget, the first hedge is paid for by the twentieth request, not before."""
-    budget = HedgeBudget(0.05)
+def test_the_bucket_starts_full_then_pays_one_hedge_per_one_over_ratio_requests() -> None:
+    """With a 5% budget and a burst of 3, the first three hedges are paid for at once; the
+    next one only by the twentieth request after them."""
+    budget = HedgeBudget(0.05, burst=3)
+    assert [budget.withdraw() for _ in range(4)] == [True, True, True, False]
     for _ in range(19):
         budget.deposit()
         assert not budget.withdraw()
@@ -130,6 +132,7 @@ def test_hedges_never_exceed_the_share_plus_the_burst(seed: int) -> None:
 def test_the_bucket_is_exact_under_threads() -> None:
     """Many threads depositing and withdrawing at once take exactly as many hedges as paid."""
     budget = HedgeBudget(0.25, burst=1000)
+    assert all(budget.withdraw() for _ in range(1000))  # the full bucket it starts with
     taken: list[bool] = []
     lock = threading.Lock()
 
@@ -146,7 +149,7 @@ def test_the_bucket_is_exact_under_threads() -> None:
         t.start()
     for t in threads:
         t.join()
-    deposits = 8 * 400 * 0.25
+    deposits = 8 * 400 * 0.25  # never more than the burst: none is cut off
     assert sum(taken) + budget.balance == pytest.approx(deposits)
 
 
@@ -173,6 +176,16 @@ def test_an_adaptive_delay_is_the_percentile_of_recent_times() -> None:
     assert hedge_delay(Hedge(adaptive=0.95), times) == 0.3
     assert hedge_delay(Hedge(adaptive=0.99), times) == 8.0
     assert times.percentile(0.5) == 0.3
+
+
+def test_a_fixed_delay_caps_an_adaptive_one() -> None:
+    """With `delay` set too, the adaptive delay is never longer: a window of slow answers
+    (8 s at the percentile) hedges after 1 s, not after 8; a shorter percentile is kept."""
+    times = FirstTokenTimes()
+    for s in [0.3] * 90 + [8.0] * 10:
+        times.add(s)
+    assert hedge_delay(Hedge(adaptive=0.95, delay=1), times) == 1.0
+    assert hedge_delay(Hedge(adaptive=0.5, delay=1), times) == 0.3
 
 
 def test_an_adaptive_delay_waits_for_enough_times() -> None:

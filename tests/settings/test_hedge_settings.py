@@ -64,6 +64,14 @@ def test_the_budget_is_read() -> None:
     hedge = route({"delay": 1, "budget": 0.02}).hedge
     assert hedge is not None
     assert hedge.budget == 0.02
+    assert hedge.burst == 10  # the bucket's size by default
+
+
+def test_the_burst_is_read() -> None:
+    """`burst` is how many hedges the route's bucket holds and starts with."""
+    hedge = route({"delay": 1, "burst": 2}).hedge
+    assert hedge is not None
+    assert hedge.burst == 2
 
 
 def test_a_hedge_needs_a_delay_or_a_percentile() -> None:
@@ -87,12 +95,18 @@ def test_a_hedge_needs_a_delay_or_a_percentile() -> None:
         ({"delay": 1, "budget": 0}, "budget"),
         ({"delay": 1, "budget": 1.5}, "budget"),
         ({"delay": 1, "budget": True}, "budget"),
+        ({"delay": 1, "burst": 0}, "burst"),
+        ({"delay": 1, "burst": 1.5}, "burst"),
+        ({"delay": 1, "burst": "10"}, "burst"),
+        ({"delay": 1, "burst": True}, "burst"),
+        ({"delay": 1, "burst": 10**6}, "burst"),
         ({"delay": 1, "fraction": 0.1}, "fraction"),
     ],
 )
 def test_invalid_values_are_refused_by_key(hedge: dict[str, Any], key: str) -> None:
     """A delay that is not above 0, a percentile not strictly between 0 and 1, a budget not in
-    (0, 1], a boolean where a number goes and an unknown key are refused, naming the key."""
+    (0, 1], a burst not a whole number from 1 to 1000, a boolean where a number goes and an
+    unknown key are refused, naming the key."""
     assert f"routes[0].hedge.{key}" in refused(hedge)
 
 

@@ -87,8 +87,9 @@ class HedgeBudget:
     `burst`.
 
     Over any stretch of requests, hedges are therefore at most `ratio` of them
-    plus `burst`. The bucket starts empty: a route's first hedge comes after
-    ``1 / ratio`` requests. Shared by the requests of one route, in threads or
+    plus `burst`. The bucket starts full, as gRPC's retry throttle does: a process
+    that makes a few requests may hedge them, and a burst of slow answers after a
+    start finds hedges paid for. Shared by the requests of one route, in threads or
     tasks, behind its own lock (held for a few arithmetic operations only).
     """
 
@@ -99,7 +100,7 @@ class HedgeBudget:
             raise ValueError("a hedge budget is a ratio above 0, at most 1")
         self.ratio = ratio
         self.burst = max(1.0, burst)
-        self._balance = 0.0
+        self._balance = self.burst
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -165,12 +166,13 @@ class FirstTokenTimes:
 def hedge_delay(hedge: Hedge, times: FirstTokenTimes | None) -> float | None:
     """How long a request's first attempt goes without a first token before its hedge
     starts: the percentile of its target's recent `times` when the route's hedge is
-    adaptive and enough are known, else the fixed `delay`; None for no hedge at all
-    (adaptive only, too few known)."""
+    adaptive and enough are known (never longer than the fixed `delay`, when there is
+    one: a run of slow answers cannot push the hedge past it), else the fixed `delay`;
+    None for no hedge at all (adaptive only, too few known)."""
     if hedge.adaptive is not None and times is not None:
         known = times.percentile(hedge.adaptive)
         if known is not None:
-            return known
+            return known if hedge.delay is None else min(known, hedge.delay)
     return hedge.delay
 
 
@@ -182,7 +184,7 @@ class HedgeState:
 
     def __init__(self, hedge: Hedge) -> None:
         self.hedge = hedge
-        self.budget = HedgeBudget(hedge.budget)
+        self.budget = HedgeBudget(hedge.budget, float(hedge.burst))
         self._times: dict[str, FirstTokenTimes] = {}
 
     def __repr__(self) -> str:

@@ -232,6 +232,8 @@ class Affinity(Model):
 
 
 _Percentile = Annotated[float, BeforeValidator(refuse_bool), Field(gt=0, lt=1)]
+# A hedge budget's bucket: how many hedges it holds, and starts with.
+_Burst = Annotated[int, BeforeValidator(refuse_bool), Field(ge=1, le=1000, strict=True)]
 # Budgets above this send a second request for more than one request in four: warned of.
 _LAVISH_BUDGET = 0.25
 
@@ -240,15 +242,18 @@ class Hedge(Model):
     """A route's hedged requests (docs/hedging.md): after `delay` seconds, or the first
     target's recent `adaptive` percentile of time to first token, with no first token,
     the next candidate is started beside the attempt in flight; hedges are at most the
-    `budget` fraction of the route's requests.
+    `budget` fraction of the route's requests, plus the `burst` the bucket holds (and
+    starts with).
 
     With both `delay` and `adaptive`, `delay` is the wait until enough times to first
-    token are known; with `adaptive` alone, no hedge is sent until then.
+    token are known, and the longest the adaptive delay may be; with `adaptive` alone,
+    no hedge is sent until then.
     """
 
     delay: PositiveDuration | None = None
     adaptive: _Percentile | None = None
     budget: Ratio = 0.05
+    burst: _Burst = 10
 
     @model_validator(mode="after")
     def _check(self) -> Hedge:
