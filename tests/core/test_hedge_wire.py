@@ -219,6 +219,26 @@ def test_an_adaptive_delay_waits_for_enough_times_to_first_token(
     assert got.extensions["sidestep"]["hedged"] is True
 
 
+def test_a_first_attempt_its_hedge_beat_is_timed_as_at_least_its_wait(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """An adaptive route keeps, for a first attempt cancelled because its hedge won, the time
+    it had waited without a first token (at least the delay): left out, the percentile
+    would be of the fast answers only, and hedge too early."""
+    config = hedged(a, b)
+    config["routes"][0]["hedge"] = {"adaptive": 0.5, "budget": 1.0}
+    d = build(make, config, kind)
+    for _ in range(20):
+        assert d.get(a.url + "/v1/fast").text == "a"
+    times = d.transport._core.router.routes["chat"].hedging.times("a")
+    delay = times.percentile(0.5)
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    got = d.get(a.url + "/v1/x")
+    assert got.extensions["sidestep"]["hedged"] is True
+    assert len(times) == 21
+    assert times._times[-1] >= delay  # the cancelled attempt's wait, kept last
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)

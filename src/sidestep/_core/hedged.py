@@ -159,6 +159,7 @@ class Hedged(Candidacy, Attempting):
             self._told(run, index, "refused_budget", None, delay)  # now: the first goes on
             return None
 
+        begun = self.clock()
         raced = yield Race(
             self._first(mine, index, target, sent, ticket), second, delay, _ends, self._lost
         )
@@ -174,6 +175,10 @@ class Hedged(Candidacy, Attempting):
             run.skipped += other.skipped[skipped:]
             run.excluded += other.excluded[excluded:]
         first, hedge = raced.results
+        if raced.winner == 1 and first is NOT_RUN and state.hedge.adaptive is not None:
+            # the first attempt, cancelled, had no first token yet: that is what is known of
+            # its time to first token (left out, the percentile would be of the fast ones)
+            state.times(target.name).add(self.clock() - begun)
         if raced.winner == 1 or (raced.winner is None and hedge is not NOT_RUN and hedge[0]):
             # the hedge's outcome goes on; the first's, if it came, is a failure that lost
             if first is not NOT_RUN:
