@@ -22,7 +22,7 @@ from drivers import Driver, MakeDriver, route
 from sidestep import testing
 from sidestep._settings.values import SidestepConfigWarning
 from sidestep._state.memory import MemoryStore
-from upstream import IN_TIME, Hang, Respond, Stream, Upstream, wait_for
+from upstream import IN_TIME, Hang, HeadersThenHang, Respond, Stream, Upstream, wait_for
 
 # A hedge delay a held-back first target always outlasts (the gate opens only after the
 # request is over), and one no answer on 127.0.0.1 takes, however busy the machine.
@@ -119,6 +119,27 @@ def test_the_losers_connection_is_closed_and_a_pool_of_two_stays_free(
         for event in gates:
             event.set()
     assert a.calls == 3
+
+
+def test_a_loser_waiting_for_its_first_token_lets_go_of_its_connection_at_once(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A first attempt whose headers came but whose body never does loses to its hedge, and
+    gives its connection back without waiting for its upstream or a timeout (its read
+    timeout is two minutes): the sync loser's read is woken by its socket being shut
+    down. Three in a row through a pool of two, and the loser counts as no failure."""
+    a.behaviour = lambda seen: HeadersThenHang()
+    module: Any = __import__("httpx2" if kind.startswith("httpx2") else "httpx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        d = make(hedged(a, b), limits=module.Limits(**POOL), timeout=4 * LONG)
+    for _ in range(3):
+        got = d.get(a.url + "/v1/x")
+        assert got.text == "b"
+        assert got.extensions["sidestep"]["hedged"] is True
+        wait_for(lambda: nothing_held(d, a) and nothing_held(d, b))
+    assert a.calls == 3
+    assert d.transport.suspensions() == []
 
 
 def test_a_post_without_an_idempotency_key_is_never_hedged(

@@ -5,25 +5,27 @@ The async shell runs the branches as two tasks of one task group, and cancels th
 loser's scope: its generator gets the cancellation at the effect it waits on and
 closes what it holds, as any cancelled request does. The sync shell runs both branches
 in threads of their own, so the caller's thread is free to return the winner at once;
-a thread blocked in a socket read cannot be interrupted, so the loser is told at its
-next effect — a response it was sent is closed there, and its generator gets
-`BranchCancelled` — and is bounded meanwhile by its own deadlines. Nothing here
-decides: which result ends the race, and what the second branch is, are the core's.
+the loser is told at its next effect (a response it was sent is closed there, and its
+generator gets `BranchCancelled`), and a loser waiting in a read of its answer's body
+is woken by shutting its connection's socket down (`Lost.aborting`). One waiting for
+its answer's headers cannot be reached, and is bounded by its own deadlines. Nothing
+here decides: which result ends the race, and what the second branch is, are the core's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import socket
 import threading
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from typing import Any
 
 import anyio
 
 from .._core.effects import NOT_RUN, Race, Raced, Read, Send, Sleep
 
-__all__ = ["BranchCancelled", "race_async", "race_sync"]
+__all__ = ["BranchCancelled", "Lost", "race_async", "race_sync"]
 
 Steps = Generator[Any, Any, Any]
 
@@ -31,6 +33,58 @@ Steps = Generator[Any, Any, Any]
 class BranchCancelled(BaseException):
     """Thrown into a sync branch that lost its race (a cancellation: not an upstream's
     failure, so the core closes and lets go rather than judging it)."""
+
+
+class Lost:
+    """A sync branch's word that it lost its race, and the read it then cuts short.
+
+    `set` (from the race's thread) shuts down the socket of the answer the branch is
+    reading at that moment, if any: its thread, blocked in the read, wakes with the
+    connection ended, and its answer is closed (the connection is not kept). Only
+    while `aborting` holds the answer: once the read is over the connection may be
+    another request's.
+    """
+
+    __slots__ = ("_event", "_lock", "_reading")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._reading: Any = None
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            if self._reading is not None:
+                _shut_down(self._reading)
+
+    @contextlib.contextmanager
+    def aborting(self, response: Any) -> Iterator[None]:
+        """While the branch reads `response`'s body: a loss shuts its socket down (at once,
+        if the branch has lost already)."""
+        with self._lock:
+            self._reading = response
+            if self._event.is_set():
+                _shut_down(response)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._reading = None
+
+
+def _shut_down(response: Any) -> None:
+    """End the connection `response` is read from, both ways: a thread blocked reading it
+    wakes to its end. (A response with no socket, such as a test's, is left alone.)"""
+    stream = getattr(response, "extensions", {}).get("network_stream")
+    sock = None if stream is None else stream.get_extra_info("socket")
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):  # (closed already)
+            # the socket's own shutdown, not TLS's: the TLS object stays with its reader
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 async def race_async(effect: Race, drive: Callable[[Steps], Awaitable[Any]]) -> Raced:
@@ -74,15 +128,15 @@ async def race_async(effect: Race, drive: Callable[[Steps], Awaitable[Any]]) -> 
     return Raced((results[0], results[1]), winner, started)
 
 
-def race_sync(effect: Race, drive: Callable[[Steps, threading.Event], Any]) -> Raced:
+def race_sync(effect: Race, drive: Callable[[Steps, Lost], Any]) -> Raced:
     """`effect` with a thread per branch, each driven by `drive` (the sync shell's
-    `_drive_branch`, which stops at its next effect once its event is set)."""
+    `_drive`, which stops at its next effect once its `Lost` is set)."""
     state = threading.Condition()
     results: list[Any] = [NOT_RUN, NOT_RUN]
     done = [False, False]
     errors: list[BaseException] = []
     winner: list[int] = []
-    lost = (threading.Event(), threading.Event())
+    lost = (Lost(), Lost())
 
     def branch(index: int, steps: Steps) -> None:
         value: Any = NOT_RUN
@@ -106,7 +160,7 @@ def race_sync(effect: Race, drive: Callable[[Steps, threading.Event], Any]) -> R
             state.notify_all()
         if value is not NOT_RUN:  # it came after this branch lost: nobody takes it
             with contextlib.suppress(Exception):  # (nobody to tell, in this thread)
-                drive(effect.discard(value), threading.Event())
+                drive(effect.discard(value), Lost())
 
     def start(index: int, steps: Steps) -> None:
         context = contextvars.copy_context()  # the caller's context vars, per branch
