@@ -295,6 +295,128 @@ async def test_cancelling_a_hedged_request_closes_both_attempts(a: Upstream, b: 
     assert answers == ["again", "again"]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("library", ["httpx", "httpx2"])
+# Under trio, httpcore's body iterators are left to the collector whenever a body is closed
+# before its end (plain httpx's too, a stream left after its first chunk): trio warns of
+# them. What is tested here is that the answer is closed and its connection given back.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_caller_cancelled_as_the_hedge_wins_closes_the_winner(
+    library: str, a: Upstream, b: Upstream, gate: threading.Event
+) -> None:
+    """The caller's cancellation landing as the hedge's attempt ends (from an observer of its
+    attempt.finished, so at that very moment) closes the answer the hedge won: the pool of
+    two has both connections free, and the next request's hedge gets one at once."""
+    module: Any = __import__(library)
+    shell: Any = sidestep if library == "httpx" else __import__("sidestep.httpx2").httpx2
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    scopes: list[anyio.CancelScope] = []
+
+    def observe(event: str, fields: dict[str, Any]) -> None:
+        if event == "attempt.finished" and fields.get("target") == "b" and scopes:
+            scopes.pop().cancel()
+
+    inner = module.AsyncHTTPTransport(limits=module.Limits(**POOL))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SidestepConfigWarning)
+        transport = shell.AsyncFailoverTransport(hedged(a, b), transport=inner)
+    sidestep.logging.add_observer(observe)
+    try:
+        async with module.AsyncClient(transport=transport, timeout=60) as client:
+            with anyio.CancelScope() as scope:
+                scopes.append(scope)
+                await client.get(a.url + "/v1/x")
+            assert scope.cancelled_caught
+            # the winner's connection is back (the loser's was closed): both free
+            await anyio.to_thread.run_sync(lambda: wait_for(lambda: b.open_connections == 0))
+            got = await client.get(a.url + "/v1/x")
+            assert got.text == "b"
+    finally:
+        sidestep.logging.remove_observer(observe)
+
+
+def test_a_loser_that_fails_after_the_hedge_won_counts_as_no_failure(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A first attempt whose 503 comes after its hedge won (in a sync shell, a thread that
+    could not be stopped in its send) is a cancelled attempt: with a threshold of one
+    failure, its target's circuit stays closed, twice over."""
+    gates: list[threading.Event] = []
+
+    def held(seen: Any) -> Respond:
+        gates.append(threading.Event())
+        return Respond(status=503, body=b"late", gate=gates[-1])
+
+    a.behaviour = held
+    config = hedged(a, b)
+    config["breaker"]["failure_threshold"] = 1
+    d = build(make, config, kind)
+    try:
+        for n in range(2):
+            assert d.get(a.url + "/v1/x").text == "b"
+            wait_for(lambda n=n: len(gates) == n + 1)
+            gates[n].set()  # the loser's 503 comes now, after the race
+            wait_for(lambda: nothing_held(d, a))
+    finally:
+        for event in gates:
+            event.set()
+    assert d.transport.suspensions() == []
+
+
+SSE = {"content-type": "text/event-stream"}
+PINGS = Stream([b": ping\n\n"] * 2000, delay=0.05, headers=SSE)  # 100 s of keep-alives
+
+
+def test_a_loser_reading_keep_alives_is_stopped(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A first attempt whose stream sends only keep-alives (no first token) is stopped when
+    its hedge wins, not left reading them: its connection is free long before its
+    stream would end, and a pool of two serves the next hedged request at once."""
+    a.behaviour = lambda seen: PINGS
+    token = b'data: {"choices": [{"delta": {"content": "b"}}]}\n\n'
+    b.behaviour = lambda seen: Stream([token], headers=SSE)
+    d = build(make, hedged(a, b), kind)
+    for _ in range(3):
+        got = d.post(a.url + "/v1/chat/completions", json={"stream": True}, headers=KEY)
+        assert got.extensions["sidestep"]["target"] == "b"
+        wait_for(lambda: nothing_held(d, a) and nothing_held(d, b))
+    assert a.calls == 3
+
+
+def test_the_attempts_of_a_race_are_counted_together(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """With max_total_attempts 2 and two attempts per target, a race sends two requests in
+    all: once the hedge is sent, neither its 503 nor the first target's is retried in
+    place (each branch would otherwise count only its own)."""
+    hedge_sent = threading.Event()
+    a.behaviour = lambda seen: Respond(status=503, headers={"retry-after": "0"}, gate=hedge_sent)
+
+    def failing(seen: Any) -> Respond:
+        hedge_sent.set()
+        return Respond(status=503, headers={"retry-after": "0"})
+
+    b.behaviour = failing
+    config = hedged(a, b)
+    config["failover"] = {"max_attempts_per_target": 2, "max_total_attempts": 2}
+    d = build(make, config, kind)
+    got = d.get(a.url + "/v1/x")
+    assert got.status == 503
+    assert (a.calls, b.calls) == (1, 1)
+    assert got.extensions["sidestep"]["attempts"] == 2
+
+
+def test_a_delay_longer_than_a_wait_can_take_never_hedges(
+    make: MakeDriver, kind: str, a: Upstream, b: Upstream
+) -> None:
+    """A hedge delay of a billion days (past what a thread's wait can take) is no error: the
+    request is answered by its first target, and no hedge is sent."""
+    d = build(make, hedged(a, b, delay="1000000000d"), kind)
+    assert d.get(a.url + "/v1/x").text == "a"
+    assert b.calls == 0
+
+
 def test_a_pooled_route_hedges_to_its_next_member(
     make: MakeDriver, kind: str, a: Upstream, b: Upstream, gate: threading.Event
 ) -> None:

@@ -16,6 +16,7 @@ from sidestep._core.hedging import (
     BURST,
     MIN_SAMPLES,
     SAMPLES,
+    Allowance,
     FirstTokenTimes,
     HedgeBudget,
     Refused,
@@ -237,3 +238,23 @@ def test_an_answer_the_request_ends_with_anywhere_ends_the_race() -> None:
     """A 400 that does not fail over ends the race: the other target would answer the same."""
     neutral = Verdict(Kind.NEUTRAL, None, None, failover=False, status=400)
     assert ends_race(Outcome(neutral, object()))
+
+
+def test_an_allowance_is_spent_once_across_threads() -> None:
+    """A race's allowance of attempts, taken from many threads at once, is given out exactly
+    as many times as it holds."""
+    allowance = Allowance(5)
+    taken: list[bool] = []
+    lock = threading.Lock()
+
+    def take() -> None:
+        got = [allowance.take() for _ in range(10)]
+        with lock:
+            taken.extend(got)
+
+    threads = [threading.Thread(target=take) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(taken) == 5

@@ -21,7 +21,7 @@ from ..logging import emit
 from .attempts import Attempting
 from .candidates import Candidacy
 from .effects import NOT_RUN, Call, Race, Raced
-from .hedging import HedgeState, ends_race, hedge_delay, may_hedge
+from .hedging import Allowance, HedgeState, ends_race, hedge_delay, may_hedge
 from .routes import CompiledTarget
 from .run import SUCCESS, Outcome, Run
 
@@ -148,10 +148,14 @@ class Hedged(Candidacy, Attempting):
         other.admission, other.injected = None, None
         # numbered after the first's attempt (a single one, unless it retries its target)
         other.attempts = hedge_base = attempts + 1
+        # the attempts left after the first's, for the first's retries and the hedge alike
+        mine.allowance = other.allowance = Allowance(run.policy.max_total_attempts - hedge_base)
 
         asked: list[bool] = []  # the delay ran out: whether the budget paid for a hedge
 
         def second() -> Generator[Any, Any, Branch] | None:
+            if not mine.allowance.take():
+                return None  # the first's retries in place spent what the hedge would
             paid = state.budget.withdraw()
             asked.append(paid)
             if paid:

@@ -22,6 +22,7 @@ __all__ = [
     "BURST",
     "MIN_SAMPLES",
     "SAMPLES",
+    "Allowance",
     "FirstTokenTimes",
     "HedgeBudget",
     "HedgeState",
@@ -127,6 +128,29 @@ class HedgeBudget:
         """Give back a hedge taken but not sent (nothing was left to hedge to)."""
         with self._lock:
             self._balance = min(self.burst, self._balance + 1.0)
+
+
+class Allowance:
+    """The attempts a raced request may still make, shared by the race's two branches (in
+    threads, for the sync shell): neither a retry in place on the first target nor the
+    hedge is sent once `max_total_attempts` are spent, whichever branch spent them."""
+
+    __slots__ = ("_left", "_lock")
+
+    def __init__(self, left: int) -> None:
+        self._left = left
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Allowance(left={self._left})"
+
+    def take(self) -> bool:
+        """Spend one attempt if one is left; whether it was."""
+        with self._lock:
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            return True
 
 
 class FirstTokenTimes:

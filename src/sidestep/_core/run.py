@@ -90,6 +90,9 @@ class Run:
     # the last candidate the hedge reached (the loop goes on after it).
     hedged = False
     passed = -1
+    # A branch of a race (`hedged`): the attempts both branches may still make, shared
+    # (`hedging.Allowance`); None outside a race.
+    allowance: Any = None
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None

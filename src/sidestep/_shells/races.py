@@ -114,15 +114,27 @@ async def race_async(effect: Race, drive: Callable[[Steps], Awaitable[Any]]) -> 
             if index == 0:
                 first_done.set()
 
-    async with anyio.create_task_group() as group:
-        group.start_soon(branch, 0, effect.first)
-        with anyio.move_on_after(effect.delay):
-            await first_done.wait()
-        if not first_done.is_set():
-            second = effect.second()
-            if second is not None:
-                started = True
-                group.start_soon(branch, 1, second)
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(branch, 0, effect.first)
+            with anyio.move_on_after(effect.delay):
+                await first_done.wait()
+            if not first_done.is_set():
+                # (a caller's cancellation that came as the delay ran out: no hedge)
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                second = effect.second()
+                if second is not None:
+                    started = True
+                    group.start_soon(branch, 1, second)
+    except BaseException:
+        # The caller's cancellation (or an error) as a branch got its result, the winner's
+        # perhaps: nobody takes what it holds, so it is closed here.
+        with anyio.CancelScope(shield=True):
+            for value in results:
+                if value is not NOT_RUN:
+                    with contextlib.suppress(Exception):
+                        await drive(effect.discard(value))
+        raise
     if errors:
         raise errors[0]
     return Raced((results[0], results[1]), winner, started)
@@ -175,8 +187,8 @@ def race_sync(effect: Race, drive: Callable[[Steps, Lost], Any]) -> Raced:
     started = False
     try:
         start(0, effect.first)
-        with state:
-            state.wait_for(lambda: done[0], effect.delay)
+        with state:  # (a delay past what a wait can take waits as long as it can)
+            state.wait_for(lambda: done[0], min(effect.delay, threading.TIMEOUT_MAX))
             first_over = done[0]
         if not first_over:
             second = effect.second()

@@ -99,8 +99,13 @@ class SyncShell(Shell):
                     value = self._perform(effect)
             except BaseException as exc:  # the core decides what every failure means
                 error = exc
-                if lost is not None and lost.is_set() and stops_at(effect):
-                    error = BranchCancelled()
+            if lost is not None and lost.is_set() and stops_at(effect):
+                # lost while it was performed: what it brought (a failure, an answer) is not
+                # judged, as the cancellation it is; an answer its send returned is closed
+                if error is None and type(effect) is Send:
+                    with contextlib.suppress(Exception):
+                        value.close()
+                value, error = None, BranchCancelled()
 
     def _perform(self, effect: Any) -> Any:
         kind = type(effect)  # Send is performed inline by _drive
@@ -135,6 +140,8 @@ class SyncShell(Shell):
             with aborting:
                 while size < effect.limit:
                     chunk = next(chunks)
+                    if lost is not None and lost.is_set():
+                        raise BranchCancelled  # (an answer whose socket could not be shut)
                     if deadline is not None and clock() > deadline:
                         raise self._flavour.read_timeout(NO_ANSWER, request=effect.request)
                     head.append(chunk)
