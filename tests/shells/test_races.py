@@ -270,3 +270,47 @@ async def test_cancelling_the_caller_cancels_both_branches(a: Upstream, b: Upstr
         for _ in range(2):
             group.start_soon(again, client)
     assert answers == ["again", "again"]
+
+
+def test_a_branch_that_raises_closes_what_the_other_got(
+    driver: Driver, a: Upstream, b: Upstream
+) -> None:
+    """A branch whose own code fails (as a logger raising would) ends the race with its
+    error, and the answer the other branch had handed back (a 503, waiting for the first
+    to end the race) is closed, not left to the collector; the pool of two still serves
+    two requests at once."""
+    gate = threading.Event()
+    a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
+    b.behaviour = lambda seen: Respond(503, b"down" * 1000)
+    http = driver.http
+    handed: list[Any] = []
+
+    def request(upstream: Upstream) -> Any:
+        return http.Request("GET", upstream.url + "/x", extensions={"timeout": TIMEOUTS})
+
+    def failing() -> Steps:
+        response = yield from attempt(request(a))
+        yield Close(response)
+        raise RuntimeError("the branch's own failure")
+
+    def waits(response: Any) -> bool:
+        handed.append(response)
+        gate.set()  # the 503 is handed back: now the first answers, and fails
+        return False
+
+    def steps() -> Steps:
+        return (yield Race(failing(), lambda: attempt(request(b)), SHORT, waits, discard))
+
+    def run() -> Any:
+        if driver.is_async:
+            return driver.run(driver.transport._drive(steps()))
+        return driver.transport._drive(steps())
+
+    try:
+        with pytest.raises(RuntimeError, match="own failure"):
+            run()
+    finally:
+        gate.set()
+    assert [r.status_code for r in handed] == [503]
+    assert handed[0].is_closed
+    pool_serves_two_more(driver, b)

@@ -129,15 +129,23 @@ async def race_async(effect: Race, drive: Callable[[Steps], Awaitable[Any]]) -> 
     except BaseException:
         # The caller's cancellation (or an error) as a branch got its result, the winner's
         # perhaps: nobody takes what it holds, so it is closed here.
-        with anyio.CancelScope(shield=True):
-            for value in results:
-                if value is not NOT_RUN:
-                    with contextlib.suppress(Exception):
-                        await drive(effect.discard(value))
+        await _discard_async(effect, drive, results)
         raise
-    if errors:
+    if errors:  # one branch's own failure ends the race: what the other got is closed
+        await _discard_async(effect, drive, results)
         raise errors[0]
     return Raced((results[0], results[1]), winner, started)
+
+
+async def _discard_async(
+    effect: Race, drive: Callable[[Steps], Awaitable[Any]], results: list[Any]
+) -> None:
+    """Close what the branches' results hold, shielded: the race ends without them."""
+    with anyio.CancelScope(shield=True):
+        for value in results:
+            if value is not NOT_RUN:
+                with contextlib.suppress(Exception):
+                    await drive(effect.discard(value))
 
 
 def race_sync(effect: Race, drive: Callable[[Steps, Lost], Any]) -> Raced:
@@ -206,6 +214,12 @@ def race_sync(effect: Race, drive: Callable[[Steps, Lost], Any]) -> Raced:
     except BaseException:
         for event in lost:  # the caller's own interruption (or an error): both stop
             event.set()
+        with state:  # and what a branch handed back is closed (a later one closes its own)
+            held = [value for value in results if value is not NOT_RUN]
+            results[:] = [NOT_RUN, NOT_RUN]
+        for value in held:
+            with contextlib.suppress(Exception):
+                drive(effect.discard(value), Lost())
         raise
 
 
