@@ -257,7 +257,7 @@ def test_a_first_attempt_its_hedge_beat_is_timed_as_at_least_its_wait(
     got = d.get(a.url + "/v1/x")
     assert got.extensions["sidestep"]["hedged"] is True
     assert len(times) == 21
-    assert times._times[-1] >= delay  # the cancelled attempt's wait, kept last
+    assert times._times[-1] == delay  # the cancelled attempt: at least the delay, kept last
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -404,6 +404,46 @@ def test_the_attempts_of_a_race_are_counted_together(
     got = d.get(a.url + "/v1/x")
     assert got.status == 503
     assert (a.calls, b.calls) == (1, 1)
+    assert got.extensions["sidestep"]["attempts"] == 2
+
+
+def test_a_hedge_not_sent_spends_no_attempt_and_is_not_reported(
+    make: MakeDriver,
+    kind: str,
+    a: Upstream,
+    b: Upstream,
+    events: list[tuple[str, dict[str, Any]]],
+) -> None:
+    """With max_total_attempts 2, a hedge that finds no candidate (the other target open)
+    leaves the request's second attempt to the first target's retry in place, as without
+    hedging: its 503 is retried and answered; the answer does not say hedged."""
+    # (an hour's Retry-After: not retried in place, and b is suspended for it)
+    b.behaviour = lambda seen: Respond(503, b"down", headers={"retry-after": "3600"})
+    config = hedged(a, b)
+    config["breaker"]["failure_threshold"] = 1
+    config["failover"] = {"max_attempts_per_target": 2, "max_total_attempts": 2}
+    d = build(make, config, kind)
+    assert d.get(b.url + "/v1/x").text == "a"  # b fails once: it is suspended
+    told = threading.Event()
+    answers = [
+        Respond(status=503, headers={"retry-after": "0"}, gate=told),
+        Respond(body=b"again"),
+    ]
+    a.behaviour = lambda seen: answers.pop(0)
+    before = a.calls
+
+    def release() -> None:
+        wait_for(lambda: any(f.get("outcome") == "no_candidate" for _, f in list(events)))
+        told.set()
+
+    threading.Thread(target=release, daemon=True).start()
+    try:
+        got = d.get(a.url + "/v1/x")
+    finally:
+        told.set()
+    assert got.text == "again"
+    assert a.calls - before == 2
+    assert "hedged" not in got.extensions["sidestep"]
     assert got.extensions["sidestep"]["attempts"] == 2
 
 

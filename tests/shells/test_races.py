@@ -10,6 +10,7 @@ connection shows as a pool that cannot serve two requests more.
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Generator
 from typing import Any
@@ -21,6 +22,7 @@ import pytest
 import sidestep
 from drivers import Driver
 from sidestep._core.effects import NOT_RUN, Close, Race, Raced, Read, Send
+from sidestep._shells.races import Lost
 from upstream import IN_TIME, Hang, Respond, Upstream, wait_for
 
 Steps = Generator[Any, Any, Any]
@@ -314,3 +316,27 @@ def test_a_branch_that_raises_closes_what_the_other_got(
     assert [r.status_code for r in handed] == [503]
     assert handed[0].is_closed
     pool_serves_two_more(driver, b)
+
+
+@pytest.mark.parametrize(("version", "cut"), [(b"HTTP/1.1", True), (b"HTTP/2", False)])
+def test_a_loss_shuts_down_an_http1_connection_only(version: bytes, cut: bool) -> None:
+    """A sync loser reading its body has its connection's socket shut down when it loses,
+    over HTTP/1.1; over HTTP/2 the connection carries other requests' streams, and is left
+    alone. (A connected pair of sockets stands for the connection.)"""
+    mine, peer = socket.socketpair()
+    try:
+        stream = type("Stream", (), {"get_extra_info": lambda self, key: mine})()
+        response = type("Answer", (), {})()
+        response.extensions = {"http_version": version, "network_stream": stream}
+        lost = Lost()
+        with lost.aborting(response):
+            lost.set()
+        peer.settimeout(IN_TIME)
+        if cut:
+            assert peer.recv(1) == b""  # the end of the connection, seen from the other side
+        else:
+            mine.sendall(b"x")
+            assert peer.recv(1) == b"x"
+    finally:
+        mine.close()
+        peer.close()

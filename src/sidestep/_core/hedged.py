@@ -154,8 +154,6 @@ class Hedged(Candidacy, Attempting):
         asked: list[bool] = []  # the delay ran out: whether the budget paid for a hedge
 
         def second() -> Generator[Any, Any, Branch] | None:
-            if not mine.allowance.take():
-                return None  # the first's retries in place spent what the hedge would
             paid = state.budget.withdraw()
             asked.append(paid)
             if paid:
@@ -163,7 +161,6 @@ class Hedged(Candidacy, Attempting):
             self._told(run, index, "refused_budget", None, delay)  # now: the first goes on
             return None
 
-        begun = self.clock()
         raced = yield Race(
             self._first(mine, index, target, sent, ticket), second, delay, _ends, self._lost
         )
@@ -173,16 +170,17 @@ class Hedged(Candidacy, Attempting):
         run.tried += mine.tried - tried
         run.streams = mine.streams
         if raced.started:
-            run.hedged = True
+            run.hedged = other.attempts > hedge_base  # (its attempt sent, not just looked for)
             run.attempts += other.attempts - hedge_base
             run.tried += other.tried - tried
             run.skipped += other.skipped[skipped:]
             run.excluded += other.excluded[excluded:]
         first, hedge = raced.results
         if raced.winner == 1 and first is NOT_RUN and state.hedge.adaptive is not None:
-            # the first attempt, cancelled, had no first token yet: that is what is known of
-            # its time to first token (left out, the percentile would be of the fast ones)
-            state.times(target.name).add(self.clock() - begun)
+            # the first attempt, cancelled, had no first token after the delay: kept as the
+            # delay (left out, the percentile would be of the fast ones; kept as its whole
+            # wait, each hedge won would push the next delay later, without end)
+            state.times(target.name).add(delay)
         if raced.winner == 1 or (raced.winner is None and hedge is not NOT_RUN and hedge[0]):
             # the hedge's outcome goes on; the first's, if it came, is a failure that lost
             if first is not NOT_RUN:
@@ -273,6 +271,12 @@ class Hedged(Candidacy, Attempting):
                     self._announce(admission.transitions, target, run)
                 if admission.refusal is not None:
                     self._observe_skip(run, target, admission)
+                if not run.allowance.take():
+                    # the first's retries in place spent the request's attempts: no hedge
+                    # (and the candidate, not tried, is not passed over by the loop)
+                    yield from self._let_go(ticket)
+                    reached = index - 1
+                    break
                 run.passed = index  # (what `hedge.finished` names)
                 outcome = yield from self._judged_attempt(run, target, run.sent, ticket)
             except BaseException:

@@ -78,8 +78,12 @@ class Lost:
 
 def _shut_down(response: Any) -> None:
     """End the connection `response` is read from, both ways: a thread blocked reading it
-    wakes to its end. (A response with no socket, such as a test's, is left alone.)"""
-    stream = getattr(response, "extensions", {}).get("network_stream")
+    wakes to its end. (A response with no socket, such as a test's, is left alone, and so
+    is one over HTTP/2, whose loser stops at its next chunk.)"""
+    extensions = getattr(response, "extensions", {})
+    if extensions.get("http_version", b"HTTP/1.1") != b"HTTP/1.1":
+        return  # an HTTP/2 connection carries other requests' streams too: left alone
+    stream = extensions.get("network_stream")
     sock = None if stream is None else stream.get_extra_info("socket")
     if isinstance(sock, socket.socket):
         with contextlib.suppress(OSError):  # (closed already)
