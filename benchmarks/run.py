@@ -40,6 +40,7 @@ SCENARIOS = (
     "first_token",
     "admin_listing",
     "spread",
+    "hedge",
 )
 Row = dict[str, Any]
 

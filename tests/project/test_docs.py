@@ -43,7 +43,7 @@ from sidestep._settings.policies import (
     Suspensions,
     SuspensionWindow,
 )
-from sidestep._settings.routes import ProviderState, Route, Target
+from sidestep._settings.routes import Hedge, ProviderState, Route, Target
 from sidestep._settings.stores import (
     MemoryStoreSettings,
     RedisStoreSettings,
@@ -163,6 +163,7 @@ SECTIONS: dict[str, tuple[type[BaseModel], dict[str, Any]]] = {
     ),
     "`routes[].targets[]`": (Target, {"name": "t", "url": "https://a.example"}),
     "`routes[].provider_state`": (ProviderState, {}),
+    "`routes[].hedge`": (Hedge, {"delay": 1, "adaptive": 0.9}),
     "`store`": (StoreSettings, {}),
     "`store.memory`": (MemoryStoreSettings, {}),
     "`store.redis`": (RedisStoreSettings, {"url": "redis://localhost"}),

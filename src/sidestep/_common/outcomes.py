@@ -1,9 +1,9 @@
-"""The words `request.finished` and `attempt.finished` end with: what the core says and
-what metrics and traces count by."""
+"""The words `request.finished`, `attempt.finished` and `hedge.finished` end with: what
+the core says and what metrics and traces count by."""
 
 from __future__ import annotations
 
-__all__ = ["ATTEMPT_RESULTS", "CANCELLED", "REQUEST_OUTCOMES"]
+__all__ = ["ATTEMPT_RESULTS", "CANCELLED", "HEDGE_OUTCOMES", "REQUEST_OUTCOMES"]
 
 #: What `attempt.finished` says of an attempt (`result`); "cancelled" when it never ended.
 ATTEMPT_RESULTS = (
@@ -22,3 +22,8 @@ REQUEST_OUTCOMES = ("served", "served_after_failover", "upstream_error", "all_su
 #: Both events' word for an attempt or a request its caller gave up on (a cancellation,
 #: a timeout around the call, a generator closed): counted, never against a scope.
 CANCELLED = "cancelled"
+#: What `hedge.finished` says of a request whose hedge delay ran out (`outcome`): the
+#: hedge answered first (`won`), the first attempt did (`lost`), both failed (`failed`),
+#: or no hedge went (`refused_budget`: the route's budget had none left; `no_candidate`:
+#: every other candidate was suspended).
+HEDGE_OUTCOMES = ("won", "lost", "failed", "refused_budget", "no_candidate")

@@ -62,6 +62,8 @@ class Attempting(Committing):
                 wait = self._retry_wait(outcome.verdict, policy, n, run)
                 if wait is None:
                     break
+                if run.allowance is not None and not run.allowance.take():
+                    break  # a race's hedge spent the request's last attempt
                 yield from self._discard(outcome.result)
                 if wait > 0:
                     yield Sleep(wait, closes)

@@ -9,9 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
-__all__ = ["Call", "Clock", "Close", "Read", "Scan", "Send", "Sleep"]
+__all__ = [
+    "NOT_RUN",
+    "Call",
+    "Clock",
+    "Close",
+    "Race",
+    "Raced",
+    "Read",
+    "Scan",
+    "Send",
+    "Sleep",
+]
 
 Clock = Callable[[], float]
 
@@ -93,3 +104,49 @@ class Call:
 
     name: str
     args: tuple[Any, ...]
+
+
+class _NotRun:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_RUN"
+
+
+NOT_RUN: Final = _NotRun()
+"""A `Race` branch's result when it was never started, or was cancelled before it ended."""
+
+
+@dataclass(slots=True)
+class Race:
+    """Drive `first` (a generator of effects, as `Core.handle` is); if it has not returned
+    after `delay` seconds, call `second` and drive the generator it returns beside it
+    (None: nothing to start). The first result for which `ends` holds wins: the other
+    branch is cancelled, and its generator closes what it holds as any cancelled
+    attempt does. A result for which it does not hold waits for the other branch.
+
+    The result is a `Raced`. A branch that raises cancels the other, and its error
+    is raised; so is the caller's cancellation, after both branches are cancelled.
+    A result that comes from a branch already cancelled (a sync shell's thread, which
+    learns of it late) is not handed back: the shell drives `discard(result)`, which
+    closes what it holds.
+    Every decision (`second`, `ends`, the delay) is the core's: the shell only runs
+    the branches at once (the async shell as two tasks, the sync one in threads).
+    """
+
+    first: Generator[Any, Any, Any]
+    second: Callable[[], Generator[Any, Any, Any] | None]
+    delay: float
+    ends: Callable[[Any], bool]
+    discard: Callable[[Any], Generator[Any, Any, None]]
+
+
+@dataclass(slots=True)
+class Raced:
+    """What a `Race` came to: each branch's result (`NOT_RUN` if never started, or
+    cancelled), the winner's index (None: neither result ended the race), and whether
+    the second branch was started."""
+
+    results: tuple[Any, Any]
+    winner: int | None
+    started: bool

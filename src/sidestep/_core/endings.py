@@ -49,6 +49,8 @@ class Endings(CoreState):
             about["attempts"] = run.attempts
         if run.excluded:  # left out: the request names state its own target's provider keeps
             about["excluded"] = [t.name for t in run.excluded]
+        if run.hedged:  # a second attempt was sent beside the first (`hedged`)
+            about["hedged"] = True
         response.extensions["sidestep"] = about
         return response
 

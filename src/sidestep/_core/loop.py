@@ -27,13 +27,13 @@ from .._state.memory import MemoryStore
 from .._state.protocol import Admission, StateStore
 from ..logging import emit, listening
 from ..metrics import enable_configured
-from .attempts import Attempting
 from .effects import Call, Clock, Close
 from .fast_path import FastPath, key_parts
 from .flavour import Flavour
+from .hedged import Hedged
 from .rebuild import Rebuilder
 from .routes import Candidates, Router
-from .run import SUCCESS, Outcome, Ready, Run
+from .run import Outcome, Ready, Run
 from .spreading import landed
 from .watch import Watching
 
@@ -60,7 +60,7 @@ def _failing_for(store: Any) -> dict[str, set[str]]:
             return {}
 
 
-class Core(FastPath, Attempting, Watching):
+class Core(FastPath, Hedged, Watching):
     """Everything a transport decides, for one configuration, store and clock."""
 
     def __init__(
@@ -168,7 +168,11 @@ class Core(FastPath, Attempting, Watching):
     def _loop(self, run: Run) -> Generator[Any, Any, Any]:
         try:
             targets = run.cands.targets
+            route = run.cands.route
+            hedged = route is not None and route.hedging is not None
             for index in range(run.index, len(targets)):
+                if index <= run.passed:
+                    continue  # reached by a hedge already (`hedged`)
                 target = targets[index]
                 admission = run.admission
                 if admission is not None:
@@ -201,6 +205,7 @@ class Core(FastPath, Attempting, Watching):
                 if ticket.probes and run.watched:
                     self._admitted(run, target, ticket)
                 outcome: Outcome | None = None
+                raced = False
                 try:
                     if admission.transitions:
                         self._announce(admission.transitions, target, run)
@@ -220,27 +225,21 @@ class Core(FastPath, Attempting, Watching):
                             target=target.name,
                             previous=run.last_target.name if run.last_target else None,
                         )
-                    if run.policy.max_attempts_per_target == 1:
-                        run.attempts += 1
-                        attempt = self._watched_attempt if run.watched else self._attempt
-                        outcome = yield from attempt(run, target, sent, ticket)
+                    plan = self._hedge_plan(run, index) if hedged else None
+                    if plan is not None:
+                        raced = True  # each branch settles its own admission
+                        outcome, target, index = yield from self._raced(
+                            run, index, target, sent, ticket, plan
+                        )
                     else:
-                        outcome = yield from self._try_target(run, target, sent, ticket)
-                    run.tried += 1
-                    if run.cands.route is not None and run.cands.route.avoid_rate_limits:
-                        outcome = self._avoid_rate_limit(outcome)
-                    if outcome.deferred:
-                        pass  # the body's end, or its failure, will be the verdict
-                    elif outcome.verdict is SUCCESS and not self._blocking and not run.injected:
-                        self._succeeded(ticket, target, run)
-                    else:
-                        yield from self._record(ticket, outcome.verdict, target, run)
+                        outcome = yield from self._judged_attempt(run, target, sent, ticket)
                 except BaseException:
                     # Whatever broke (a cancellation, the store, a logger), the probe slot
                     # comes back and a response that will not be handed over is closed.
                     if outcome is not None:
                         yield from self._discard(outcome.result)
-                    yield from self._let_go(ticket)
+                    if not raced:
+                        yield from self._let_go(ticket)
                     raise
                 if outcome.committed:
                     return self._attribute(outcome.result, run, target, index)

@@ -22,6 +22,7 @@ from .._common.scopes import (
     is_credential,
     origin_key,
 )
+from .hedging import HedgeState
 from .members import Member
 from .pools import Pool, pool_of
 from .provider_state import StateRules
@@ -127,6 +128,8 @@ class CompiledRoute:
     plain: bool = False
     state: StateRules | None = None  # which requests name state kept by one provider
     pool: Pool | None = field(default=None, compare=False)  # None: a ranked route
+    # a hedged route's budget and times to first token (None: its requests are not hedged)
+    hedging: HedgeState | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,13 +339,15 @@ def _compile_route(route: Route, base: FailoverPolicy, clock: Any) -> CompiledRo
         first_token=route.commit != "first_byte",
         avoid_rate_limits=route.avoid_rate_limits,
         validate=route.commit == "complete" and route.validate_body == "auto",
-        plain=plain(policy) and not route.avoid_rate_limits,
+        # (a hedged route's requests go the general way, where the race is)
+        plain=plain(policy) and not route.avoid_rate_limits and route.hedge is None,
         state=StateRules.of(
             builtin=route.provider_state.builtin,
             paths=route.provider_state.paths,
             fields=route.provider_state.fields,
         ),
         pool=pool_of(route, clock),
+        hedging=None if route.hedge is None else HedgeState(route.hedge),
     )
 
 

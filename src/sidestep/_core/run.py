@@ -86,6 +86,13 @@ class Run:
     aloft: Member | None = None
     # the fault a plan injected into its latest attempt (`faults.Injection`), if one did
     injected: Any = None
+    # A hedged request (`hedged`): whether a hedge was sent beside its first attempt, and
+    # the last candidate the hedge reached (the loop goes on after it).
+    hedged = False
+    passed = -1
+    # A branch of a race (`hedged`): the attempts both branches may still make, shared
+    # (`hedging.Allowance`); None outside a race.
+    allowance: Any = None
 
     body: bytes | None = None  # None: a one-shot stream, sent to one target only
     deadline: float | None = None

@@ -21,7 +21,7 @@ from pydantic import (
 
 from .._common.scopes import is_credential
 from .policies import FailoverOverrides, FailoverPolicy
-from .values import ByteSize, Model, refuse_bool, refuse_duplicates, warn
+from .values import ByteSize, Model, PositiveDuration, Ratio, refuse_bool, refuse_duplicates, warn
 
 __all__ = [
     "BALANCES",
@@ -29,6 +29,7 @@ __all__ = [
     "MAX_POOL",
     "Affinity",
     "Balance",
+    "Hedge",
     "ProviderState",
     "Route",
     "Target",
@@ -230,6 +231,50 @@ class Affinity(Model):
         return self
 
 
+_Percentile = Annotated[float, BeforeValidator(refuse_bool), Field(gt=0, lt=1)]
+# A hedge budget's bucket: how many hedges it holds, and starts with.
+_Burst = Annotated[int, BeforeValidator(refuse_bool), Field(ge=1, le=1000, strict=True)]
+# Budgets above this send a second request for more than one request in four: warned of.
+_LAVISH_BUDGET = 0.25
+
+
+class Hedge(Model):
+    """A route's hedged requests (docs/hedging.md): after `delay` seconds, or the first
+    target's recent `adaptive` percentile of time to first token, with no first token,
+    the next candidate is started beside the attempt in flight; hedges are at most the
+    `budget` fraction of the route's requests, plus the `burst` the bucket holds (and
+    starts with).
+
+    With both `delay` and `adaptive`, `delay` is the wait until enough times to first
+    token are known, and the longest the adaptive delay may be; with `adaptive` alone,
+    no hedge is sent until then.
+    """
+
+    delay: PositiveDuration | None = None
+    adaptive: _Percentile | None = None
+    budget: Ratio = 0.05
+    burst: _Burst = 10
+
+    @model_validator(mode="after")
+    def _check(self) -> Hedge:
+        if self.delay is None and self.adaptive is None:
+            raise ValueError(
+                "hedge needs delay (seconds to wait for a first token), adaptive (a percentile"
+                " of the target's recent times to first token, such as 0.95), or both"
+            )
+        if self.adaptive is not None and self.adaptive < 0.5:
+            warn(
+                "hedge.adaptive is under 0.5: most requests would wait longer than the"
+                " delay, and the budget would be spent on ordinary ones"
+            )
+        if self.budget > _LAVISH_BUDGET:
+            warn(
+                "hedge.budget is above 0.25: more than one request in four may be sent"
+                " twice, and a cancelled request's prompt is still billed"
+            )
+        return self
+
+
 class Target(Model):
     """One upstream of a route: where to send, and what to add to the request.
 
@@ -308,6 +353,8 @@ class Route(Model):
     # how a pool orders its members (None: `DEFAULT_BALANCE` for a pooled route)
     balance: Balance | None = None
     affinity: Affinity | None = None
+    # a second attempt beside a slow first one (None: requests are never hedged)
+    hedge: Hedge | None = None
     targets: list[Target]
 
     @field_validator("targets")
@@ -339,6 +386,21 @@ class Route(Model):
                         f"a pool holds at most {MAX_POOL} members; {which} has {size}"
                         " (put the rest in a further tier, or in another route)"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _hedge_has_room(self) -> Route:
+        hedge = self.hedge
+        if hedge is None:
+            return self
+        if len(self.targets) < 2:
+            raise ValueError("hedge needs a second target to send the hedge to")
+        limit = self.failover.first_byte_timeout
+        if hedge.delay is not None and limit is not None and hedge.delay >= limit:
+            warn(
+                f"route {self.name!r}: hedge.delay is not shorter than first_byte_timeout:"
+                " the attempt fails over before a hedge would start"
+            )
         return self
 
     @property

@@ -13,11 +13,12 @@ import anyio
 from anyio.lowlevel import EventLoopToken, current_token
 
 from .._common.shield import shielded
-from .._core.effects import Call, Close, Read, Scan, Send, Sleep
+from .._core.effects import Call, Close, Race, Read, Scan, Send, Sleep
 from .._core.listing import StoreUnavailable
 from .._core.listing_row import Suspension
 from .._core.run import Run
 from .deadlines import NO_ANSWER, NO_DEADLINE, OUT_OF_TIME, STALLED, Deadline, no_deadline
+from .races import race_async
 from .replay import async_replay, finish_iterators
 from .shell import SENDING, Shell
 
@@ -151,6 +152,8 @@ class AsyncShell(Shell):
             # own included), briefly, so no probe slot is left taken; () when the store
             # did not answer in time: nothing was recorded.
             return await shielded(call, *effect.args, limit=_STORE_GRACE, otherwise=())
+        if kind is Race:
+            return await race_async(effect, self._drive)
         raise TypeError(f"unknown effect {kind.__name__}")
 
     def _deadline(

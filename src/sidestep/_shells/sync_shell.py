@@ -5,12 +5,14 @@ and handing back the result or the exception. It decides nothing.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from .._core.effects import Call, Close, Read, Send, Sleep
+from .._core.effects import Call, Close, Race, Read, Send, Sleep
 from .._core.run import Run
 from .deadlines import NO_ANSWER, OUT_OF_TIME
+from .races import BranchCancelled, Lost, race_sync, stops_at
 from .replay import sync_replay
 from .shell import SENDING, Shell
 
@@ -68,7 +70,12 @@ class SyncShell(Shell):
             self._core.closing()
             self._waits.notify_all()
 
-    def _drive(self, steps: Generator[Any, Any, Any]) -> Any:
+    def _drive(self, steps: Generator[Any, Any, Any], lost: Lost | None = None) -> Any:
+        """Perform the effects `steps` yields, to its end. A branch of a race (`races`)
+        comes with its `lost`: once set, it sends, reads and waits no more, and
+        `BranchCancelled` is thrown into it instead, so it closes what it holds (a read
+        it cut short, or any effect that failed once it lost, is that cancellation too:
+        not the upstream's failure)."""
         value: Any = None
         error: BaseException | None = None
         while True:
@@ -77,16 +84,28 @@ class SyncShell(Shell):
             except StopIteration as stop:
                 return stop.value
             value, error = None, None
+            if lost is not None and lost.is_set() and stops_at(effect):
+                error = BranchCancelled()
+                continue
             try:
                 if type(effect) is Send:  # the common effect, inline
                     if self._forwards:
                         value = self._send(effect.request)
                     else:
                         value = self._inner.handle_request(effect.request)
+                elif lost is not None and type(effect) is Read:
+                    value = self._read(effect, lost)
                 else:
                     value = self._perform(effect)
             except BaseException as exc:  # the core decides what every failure means
                 error = exc
+            if lost is not None and lost.is_set() and stops_at(effect):
+                # lost while it was performed: what it brought (a failure, an answer) is not
+                # judged, as the cancellation it is; an answer its send returned is closed
+                if error is None and type(effect) is Send:
+                    with contextlib.suppress(Exception):
+                        value.close()
+                value, error = None, BranchCancelled()
 
     def _perform(self, effect: Any) -> Any:
         kind = type(effect)  # Send is performed inline by _drive
@@ -101,9 +120,11 @@ class SyncShell(Shell):
             return None
         if kind is Call:
             return getattr(self._core.store, effect.name)(*effect.args)
+        if kind is Race:
+            return race_sync(effect, self._drive)
         raise TypeError(f"unknown effect {kind.__name__}")
 
-    def _read(self, effect: Read) -> tuple[list[bytes], bool]:
+    def _read(self, effect: Read, lost: Lost | None = None) -> tuple[list[bytes], bool]:
         response = effect.response
         stream = response.stream
         chunks = iter(stream)
@@ -113,15 +134,20 @@ class SyncShell(Shell):
         # deadlines: the core's, held against its clock as each chunk comes in (a read
         # itself is bounded by the read timeout the core set)
         clock, deadline, end_by = self._core.clock, effect.deadline, effect.end_by
+        # a branch of a race: its loss wakes this read (`Lost`), until the stream is done
+        aborting = contextlib.nullcontext() if lost is None else lost.aborting(response)
         try:
-            while size < effect.limit:
-                chunk = next(chunks)
-                if deadline is not None and clock() > deadline:
-                    raise self._flavour.read_timeout(NO_ANSWER, request=effect.request)
-                head.append(chunk)
-                size += len(chunk)
-                if scan is not None and scan.feed(chunk):
-                    break  # scan: the head ends where the core's reader says
+            with aborting:
+                while size < effect.limit:
+                    chunk = next(chunks)
+                    if lost is not None and lost.is_set():
+                        raise BranchCancelled  # (an answer whose socket could not be shut)
+                    if deadline is not None and clock() > deadline:
+                        raise self._flavour.read_timeout(NO_ANSWER, request=effect.request)
+                    head.append(chunk)
+                    size += len(chunk)
+                    if scan is not None and scan.feed(chunk):
+                        break  # scan: the head ends where the core's reader says
         except StopIteration:
             stream.close()
             response.stream = self._flavour.ByteStream(b"".join(head))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._answers import classify as c11n
-from .._common.outcomes import ATTEMPT_RESULTS, CANCELLED, REQUEST_OUTCOMES
+from .._common.outcomes import ATTEMPT_RESULTS, CANCELLED, HEDGE_OUTCOMES, REQUEST_OUTCOMES
 from .._common.scopes import ScopeKind
 from .._settings.faults import FAULTS as FAULTS_KINDS
 from .._state.circuit import State
@@ -119,6 +119,13 @@ FAULTS = Instrument(
     ("route", "target", "fault"),
     "Faults a fault plan or chaos injected, by target and fault",
 )
+HEDGES = Instrument(
+    "sidestep_hedges",
+    "sidestep.hedges",
+    "counter",
+    ("route", "outcome"),
+    "Hedged requests whose delay ran out, by what came of the hedge",
+)
 INSTRUMENTS = (
     REQUESTS,
     ATTEMPTS,
@@ -130,6 +137,7 @@ INSTRUMENTS = (
     SUSPENDED,
     INFLIGHT,
     FAULTS,
+    HEDGES,
 )
 
 Measure = tuple[Instrument, tuple[str, ...], float]
@@ -140,6 +148,7 @@ _TRANSITION_EVENTS = frozenset({"circuit.opened", "circuit.half_open", "circuit.
 _LET_GO_EVENTS = frozenset({"suspension.cleared", "suspension.forgotten"})
 _RESULTS = frozenset((*ATTEMPT_RESULTS, CANCELLED))
 _OUTCOMES = frozenset((*REQUEST_OUTCOMES, CANCELLED))
+_HEDGE_OUTCOMES = frozenset(HEDGE_OUTCOMES)
 _REASONS = frozenset(
     {*c11n.SUSPENSION_REASONS, c11n.UNAVAILABLE, c11n.CONTEXT_OVERFLOW, c11n.CLIENT_ERROR}
 )
@@ -241,6 +250,9 @@ class Measures:
         if event == "probe.admitted":
             _, target = self._route_target(fields)
             return [(PROBES, (target, _one_of(fields.get("scope"), _SCOPES)), 1)]
+        if event == "hedge.finished":
+            outcome = _one_of(fields.get("outcome"), _HEDGE_OUTCOMES)
+            return [(HEDGES, (self._route(fields), outcome), 1)]
         if event == "fault.injected":
             route, target = self._route_target(fields)
             return [(FAULTS, (route, target, _one_of(fields.get("fault"), _FAULTS)), 1)]
