@@ -16,7 +16,7 @@ import copy
 from collections.abc import Callable, Generator
 from typing import Any
 
-from .._state.protocol import Ticket
+from .._state.protocol import Admission, Ticket
 from ..logging import emit
 from .attempts import Attempting
 from .candidates import Candidacy
@@ -48,6 +48,24 @@ class Hedged(Candidacy, Attempting):
 
     # `Watching`'s: `probe.admitted` for an attempt that is a scope's probe.
     _admitted: Callable[[Run, CompiledTarget, Ticket], None]
+
+    def _admission(
+        self, run: Run, index: int, target: CompiledTarget
+    ) -> Generator[Any, Any, Admission]:
+        """Candidate `index` asked of the store (an effect over a blocking one); a refusal
+        is told here. The loop's, and a hedge's."""
+        self._candidate(run, index, target)
+        facts = self._scope_facts(run, target)
+        now = self.clock()
+        admission: Admission
+        if self._blocking:
+            lease = self._lease(run, run.sent)
+            admission = yield Call("admit", (facts, self.breaker, now, lease))
+        else:
+            admission = self.store.admit(facts, self.breaker, now)
+        if admission.ticket is None:
+            self._refused(run, target, admission, now)
+        return admission
 
     def _judged_attempt(
         self, run: Run, target: CompiledTarget, sent: Any, ticket: Ticket
@@ -252,17 +270,9 @@ class Hedged(Candidacy, Attempting):
                 break
             reached = index
             target = targets[index]
-            self._candidate(run, index, target)
-            facts = self._scope_facts(run, target)
-            now = self.clock()
-            if self._blocking:
-                lease = self._lease(run, run.sent)
-                admission = yield Call("admit", (facts, self.breaker, now, lease))
-            else:
-                admission = self.store.admit(facts, self.breaker, now)
+            admission = yield from self._admission(run, index, target)
             ticket = admission.ticket
             if ticket is None:
-                self._refused(run, target, admission, now)
                 continue
             try:
                 if ticket.probes and run.watched:

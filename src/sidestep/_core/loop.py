@@ -27,7 +27,7 @@ from .._state.memory import MemoryStore
 from .._state.protocol import Admission, StateStore
 from ..logging import emit, listening
 from ..metrics import enable_configured
-from .effects import Call, Clock, Close
+from .effects import Clock, Close
 from .fast_path import FastPath, key_parts
 from .flavour import Flavour
 from .hedged import Hedged
@@ -188,16 +188,8 @@ class Core(FastPath, Hedged, Watching):
                         break  # a one-shot body was sent once already; it cannot be replayed
                     if index in run.cands.others and self._kept_out(run, target):
                         continue  # the request names state kept by its own target's provider
-                    self._candidate(run, index, target)
-                    facts = self._scope_facts(run, target)
-                    now = self.clock()
-                    if self._blocking:
-                        lease = self._lease(run, run.sent)
-                        admission = yield Call("admit", (facts, self.breaker, now, lease))
-                    else:
-                        admission = self.store.admit(facts, self.breaker, now)
+                    admission = yield from self._admission(run, index, target)
                     if admission.ticket is None:
-                        self._refused(run, target, admission, now)
                         continue
                 sent = run.sent
                 ticket = admission.ticket
