@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -53,6 +53,26 @@ def build(make: MakeDriver, config: dict[str, Any], kind: str) -> Driver:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SidestepConfigWarning)
         return make(config, limits=module.Limits(**POOL), timeout=IN_TIME * 5)
+
+
+def open_when(gate: threading.Event, condition: Callable[[], bool]) -> None:
+    """Set `gate` from a thread of its own once `condition()` holds: a held answer comes
+    only after what the test waits for has happened."""
+
+    def wait() -> None:
+        wait_for(condition)
+        gate.set()
+
+    threading.Thread(target=wait, daemon=True).start()
+
+
+def told_of(
+    events: list[tuple[str, dict[str, Any]]], outcome: str | None = None
+) -> Callable[[], bool]:
+    """Whether a `hedge.finished` (with `outcome`, if given) has been told."""
+    return lambda: any(
+        e == "hedge.finished" and outcome in (None, f.get("outcome")) for e, f in list(events)
+    )
 
 
 def nothing_held(d: Driver, upstream: Upstream) -> bool:
@@ -424,23 +444,18 @@ def test_a_hedge_not_sent_spends_no_attempt_and_is_not_reported(
     config["failover"] = {"max_attempts_per_target": 2, "max_total_attempts": 2}
     d = build(make, config, kind)
     assert d.get(b.url + "/v1/x").text == "a"  # b fails once: it is suspended
-    told = threading.Event()
+    gate = threading.Event()
     answers = [
-        Respond(status=503, headers={"retry-after": "0"}, gate=told),
+        Respond(status=503, headers={"retry-after": "0"}, gate=gate),
         Respond(body=b"again"),
     ]
     a.behaviour = lambda seen: answers.pop(0)
     before = a.calls
-
-    def release() -> None:
-        wait_for(lambda: any(f.get("outcome") == "no_candidate" for _, f in list(events)))
-        told.set()
-
-    threading.Thread(target=release, daemon=True).start()
+    open_when(gate, told_of(events, "no_candidate"))
     try:
         got = d.get(a.url + "/v1/x")
     finally:
-        told.set()
+        gate.set()
     assert got.text == "again"
     assert a.calls - before == 2
     assert "hedged" not in got.extensions["sidestep"]
@@ -514,13 +529,9 @@ def test_a_hedge_the_budget_refuses_is_told(
     a.behaviour = lambda seen: Respond(body=b"late", gate=gate)
     d = build(make, hedged(a, b, budget=0.5, burst=1), kind)
 
-    def release() -> None:
-        wait_for(lambda: any(f.get("outcome") == "refused_budget" for _, f in list(events)))
-        gate.set()
-
     try:
         assert d.get(a.url + "/v1/x").text == "b"
-        threading.Thread(target=release, daemon=True).start()
+        open_when(gate, told_of(events, "refused_budget"))
         assert d.get(a.url + "/v1/x").text == "late"
     finally:
         gate.set()
@@ -554,12 +565,7 @@ def test_no_hedge_goes_to_a_pool_member_without_rate_limit_room(
     d = build(make, config, kind)
     assert d.get(a.url + "/v1/x").text == "b"  # a failed: b answered, its window spent
     events.clear()
-
-    def release() -> None:
-        wait_for(lambda: any(e == "hedge.finished" for e, _ in list(events)))
-        gate.set()
-
-    threading.Thread(target=release, daemon=True).start()
+    open_when(gate, told_of(events))
     try:
         got = d.get(a.url + "/v1/x")
     finally:
